@@ -1,0 +1,158 @@
+"""Typed errors for everything a user can act on.
+
+Every error carries a `cause` (what happened) and a `next_step` (what to do about it); the CLI
+prints both and maps the type to an exit code. Raise with `raise ... from e` so the original
+cause survives. Nothing here does I/O.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+
+class SnapshotterError(Exception):
+    """Base of every error snapshotter reports to a user."""
+
+    exit_code = 1
+    code = "error"
+
+    def __init__(self, cause: str, next_step: str = "") -> None:
+        super().__init__(cause)
+        self.cause = cause
+        self.next_step = next_step
+
+    def __str__(self) -> str:
+        if self.next_step:
+            return f"{self.cause}\n  next step: {self.next_step}"
+        return self.cause
+
+    def to_dict(self) -> dict[str, str]:
+        return {"code": self.code, "cause": self.cause, "next_step": self.next_step}
+
+
+class InvalidArgument(SnapshotterError):
+    exit_code = 2
+    code = "invalid_argument"
+
+
+class JobNotFound(SnapshotterError):
+    exit_code = 3
+    code = "job_not_found"
+
+    def __init__(self, job_id: str) -> None:
+        super().__init__(
+            f"no job with id {job_id!r}",
+            "run `snapshotter jobs` to list known jobs",
+        )
+        self.job_id = job_id
+
+
+class SnapshotNotFound(SnapshotterError):
+    exit_code = 3
+    code = "snapshot_not_found"
+
+    def __init__(self, snapshot_id: str, where: str = "") -> None:
+        loc = f" in {where}" if where else ""
+        super().__init__(
+            f"no committed snapshot with id {snapshot_id!r}{loc}",
+            "run `snapshotter list` to see committed snapshots",
+        )
+        self.snapshot_id = snapshot_id
+
+
+class JobNotRunning(SnapshotterError):
+    exit_code = 4
+    code = "job_not_running"
+
+
+class FreezeRefused(SnapshotterError):
+    """The freeze did not start (job busy, finished, ...); the job is untouched."""
+
+    exit_code = 5
+    code = "freeze_refused"
+
+
+class FreezeFailed(SnapshotterError):
+    """The freeze started and failed; the job was put back as it was (or is reported)."""
+
+    exit_code = 6
+    code = "freeze_failed"
+
+
+class QuiesceTimeout(FreezeFailed):
+    code = "quiesce_timeout"
+
+
+class ThawFailed(SnapshotterError):
+    exit_code = 7
+    code = "thaw_failed"
+
+
+class SnapshotCorrupt(ThawFailed):
+    code = "snapshot_corrupt"
+
+
+class StorageUnavailable(SnapshotterError):
+    exit_code = 8
+    code = "storage_unavailable"
+
+
+class CriuUnavailable(SnapshotterError):
+    exit_code = 9
+    code = "criu_unavailable"
+
+
+class CriuFailed(SnapshotterError):
+    """A CRIU dump or restore failed; carries the log path and its last error lines."""
+
+    exit_code = 10
+    code = "criu_failed"
+
+    def __init__(
+        self, action: str, log_path: str, tail: Sequence[str], next_step: str = ""
+    ) -> None:
+        lines = "\n    ".join(tail) if tail else "(log empty)"
+        super().__init__(
+            f"criu {action} failed; log: {log_path}\n  last errors:\n    {lines}",
+            next_step or f"read {log_path}; the job was left as it was before the {action}",
+        )
+        self.action = action
+        self.log_path = log_path
+        self.tail = list(tail)
+
+
+class GpuCheckpointError(SnapshotterError):
+    exit_code = 11
+    code = "gpu_checkpoint_failed"
+
+
+class ServiceUnavailable(SnapshotterError):
+    """The coordinator or an agent could not be reached."""
+
+    exit_code = 12
+    code = "service_unavailable"
+
+
+class Internal(SnapshotterError):
+    exit_code = 70
+    code = "internal"
+
+
+_BY_CODE: dict[str, type[SnapshotterError]] = {}
+
+
+def _register(cls: type[SnapshotterError]) -> None:
+    _BY_CODE[cls.code] = cls
+    for sub in cls.__subclasses__():
+        _register(sub)
+
+
+_register(SnapshotterError)
+
+
+def from_dict(d: dict[str, str]) -> SnapshotterError:
+    """Rebuild an error sent over the wire as `to_dict()` (type kept, message kept)."""
+    cls = _BY_CODE.get(d.get("code", ""), SnapshotterError)
+    err = SnapshotterError.__new__(cls)
+    SnapshotterError.__init__(err, d.get("cause", ""), d.get("next_step", ""))
+    return err
