@@ -1,0 +1,103 @@
+"""Coordinator decisions as pure functions of (now, state, config): no I/O, no clocks read.
+
+Tested without gRPC or processes (tests/unit/test_decisions.py).
+"""
+
+from __future__ import annotations
+
+import enum
+import re
+from collections.abc import Iterable, Mapping
+from datetime import UTC, datetime
+
+from snapshotter import errors
+
+
+def pick_targets(counts_by_rank: Mapping[int, Mapping[str, int]]) -> dict[str, int]:
+    """The collective every member of each group will stop before: one past the most any
+    member has issued. Every member can reach it (all below it are issued by someone, so peers
+    will match them), and no member has passed it."""
+    targets: dict[str, int] = {}
+    for counts in counts_by_rank.values():
+        for group, n in counts.items():
+            targets[group] = max(targets.get(group, 0), int(n) + 1)
+    return targets
+
+
+def snapshot_id(job_id: str, now: datetime, suffix: str) -> str:
+    """`<job>-<UTC yyyymmddThhmmss>-<suffix>`: sortable by time within a job."""
+    return f"{job_id}-{now.astimezone(UTC).strftime('%Y%m%dT%H%M%S')}-{suffix}"
+
+
+_FORK = re.compile(r"^(?P<base>.+?)(?:\.(?P<n>\d+))?$")
+
+
+def thaw_job_id(
+    source_job: str, requested: str | None, active: Iterable[str], known: Iterable[str]
+) -> str:
+    """The id of a thawed job. An explicit id must not be active. Without one, the job keeps
+    its id when nothing by that id runs (it simply continues); otherwise the thaw is a fork and
+    gets the next free `<job>.<n>`."""
+    active_set = set(active)
+    if requested is not None:
+        if requested in active_set:
+            raise errors.InvalidArgument(
+                f"job {requested} is already running", "choose another --job-id for the thaw"
+            )
+        return requested
+    if source_job not in active_set:
+        return source_job
+    taken = active_set | set(known)
+    n = 1
+    while f"{source_job}.{n}" in taken:
+        n += 1
+    return f"{source_job}.{n}"
+
+
+class JobPhase(enum.Enum):
+    """A job as the coordinator reports it.
+
+        (run) -> RUNNING <-> FREEZING          freeze-and-continue returns to RUNNING
+                 RUNNING  -> FREEZING -> FROZEN  freeze --stop: ranks end after the commit
+                 RUNNING  -> SUCCEEDED | FAILED | CANCELLED
+        (thaw) -> THAWING -> RUNNING | FAILED
+    """
+
+    THAWING = "THAWING"
+    RUNNING = "RUNNING"
+    FREEZING = "FREEZING"
+    FROZEN = "FROZEN"
+    SUCCEEDED = "SUCCEEDED"
+    FAILED = "FAILED"
+    CANCELLED = "CANCELLED"
+
+    @property
+    def terminal(self) -> bool:
+        return self in (JobPhase.FROZEN, JobPhase.SUCCEEDED, JobPhase.FAILED, JobPhase.CANCELLED)
+
+
+def job_phase(busy: str | None, node_states: Iterable[str]) -> JobPhase:
+    """Combine the coordinator's own operation and the agents' view of the ranks."""
+    if busy is not None:
+        return JobPhase(busy)
+    states = set(node_states)
+    if not states:
+        return JobPhase.FAILED
+    for terminal in ("FAILED", "CANCELLED", "FROZEN"):
+        if terminal in states:
+            if states <= {terminal, "SUCCEEDED", "RUNNING"} and "RUNNING" in states:
+                return JobPhase.RUNNING  # other nodes are still winding down
+            return JobPhase(terminal)
+    if states == {"SUCCEEDED"}:
+        return JobPhase.SUCCEEDED
+    return JobPhase.RUNNING
+
+
+def exit_code(phase: JobPhase, rank_codes: Iterable[int | None]) -> int:
+    """The exit code `snapshotter run`/`wait` return: the first failing rank's, like torchrun."""
+    if phase is JobPhase.SUCCEEDED or phase is JobPhase.FROZEN:
+        return 0
+    for c in rank_codes:
+        if c not in (None, 0):
+            return int(c)  # type: ignore[arg-type]
+    return 1

@@ -1,0 +1,353 @@
+"""The coordinator: owns jobs and snapshots, and orchestrates node agents.
+
+It keeps which job runs on which agents and which operation holds a job; the agents own the
+processes, and the object store's manifests are the truth about snapshots. Decisions are in
+coordinator/decisions.py; the phased operations in freeze.py and thaw.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from coordinator.agents import AgentHandle, on_all
+from coordinator.decisions import JobPhase, exit_code, job_phase, thaw_job_id
+from coordinator.freeze import FreezeOperation, FreezeSettings
+from coordinator.thaw import ThawOperation
+from snapshotter import errors
+from snapshotter.launch.spec import JobSpec, new_job_id, validate_job_id
+from snapshotter.storage.api import ObjectStore
+from snapshotter.storage.transfer import SnapshotReader, delete_snapshot, list_snapshots
+
+log = logging.getLogger(__name__)
+Msg = dict[str, Any]
+COORDINATOR_SERVICE = "snapshotter.Coordinator"
+
+
+@dataclass
+class JobRecord:
+    spec: JobSpec
+    nodes: list[str]
+    busy: str | None = None
+    snapshots: list[str] = field(default_factory=list)
+    thawed_from: str | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+
+class Coordinator:
+    def __init__(self, store: ObjectStore, store_url: str) -> None:
+        self.store = store
+        self.store_url = store_url
+        self._agents: dict[str, AgentHandle] = {}
+        self._jobs: dict[str, JobRecord] = {}
+        self._lock = threading.Lock()
+
+    # ----------------------------------------------------------------- agents
+    def register_agent(self, name: str, address: str, host: str) -> Msg:
+        with self._lock:
+            self._agents[name] = AgentHandle(name=name, address=address, host=host)
+        return {"registered": name}
+
+    def _agents_for(self, nnodes: int, nodes: list[str] | None) -> list[AgentHandle]:
+        with self._lock:
+            agents = dict(self._agents)
+        if not agents:
+            raise errors.ServiceUnavailable(
+                "no node agent is registered with the coordinator",
+                "start an agent on each node (`snapshotter agent`), or use the embedded default",
+            )
+        if nodes:
+            unknown = [n for n in nodes if n not in agents]
+            if unknown:
+                raise errors.InvalidArgument(
+                    f"unknown node(s) {unknown}", f"registered nodes: {sorted(agents)}"
+                )
+            chosen = [agents[n] for n in nodes]
+        else:
+            chosen = [agents[n] for n in sorted(agents)][:nnodes]
+        if len(chosen) != nnodes:
+            raise errors.InvalidArgument(
+                f"the job needs {nnodes} node(s) but {len(chosen)} are available",
+                f"registered nodes: {sorted(agents)}",
+            )
+        return chosen
+
+    def _job(self, job_id: str) -> JobRecord:
+        with self._lock:
+            rec = self._jobs.get(job_id)
+        if rec is None:
+            raise errors.JobNotFound(job_id)
+        return rec
+
+    def _handles(self, rec: JobRecord) -> list[AgentHandle]:
+        with self._lock:
+            return [self._agents[n] for n in rec.nodes]
+
+    # ----------------------------------------------------------------- jobs
+    def run(self, req: Msg) -> Msg:
+        job_id = validate_job_id(req.get("job_id") or new_job_id())
+        nnodes = int(req.get("nnodes", 1))
+        nproc = int(req.get("nproc_per_node", 1))
+        if nnodes < 1 or nproc < 1:
+            raise errors.InvalidArgument(
+                f"--nnodes {nnodes} / --nproc-per-node {nproc} must be >= 1", "fix the flags"
+            )
+        spec = JobSpec(
+            job_id=job_id,
+            script=req["script"],
+            script_args=list(req.get("script_args", [])),
+            module=bool(req.get("module", False)),
+            python=req["python"],
+            cwd=req["cwd"],
+            env=dict(req["env"]),
+            nnodes=nnodes,
+            nproc_per_node=nproc,
+        )
+        agents = self._agents_for(nnodes, req.get("nodes"))
+        with self._lock:
+            old = self._jobs.get(job_id)
+            if old is not None and (old.busy or not self._phase(old).terminal):
+                raise errors.InvalidArgument(
+                    f"job {job_id} already exists and is not finished", "choose another --job-id"
+                )
+            rec = JobRecord(spec=spec, nodes=[a.name for a in agents], busy="RUNNING")
+            self._jobs[job_id] = rec
+        try:
+            res, fail = on_all(
+                agents,
+                lambda a: a.call(
+                    "Launch", {"spec": spec.to_dict(), "node_rank": agents.index(a)}, timeout=120
+                ),
+            )
+            if fail:
+                on_all([a for a in agents if a.name in res],
+                       lambda a: a.call("Cancel", {"job_id": job_id}))
+                with self._lock:
+                    self._jobs.pop(job_id, None)
+                raise next(iter(fail.values()))
+        finally:
+            rec.busy = None
+        return self.status(job_id)
+
+    def _phase(self, rec: JobRecord, views: list[Msg] | None = None) -> JobPhase:
+        if views is None:
+            views = self._node_views(rec)
+        return job_phase(rec.busy, [v["state"] for v in views])
+
+    def _node_views(self, rec: JobRecord) -> list[Msg]:
+        if rec.busy == "THAWING":
+            return []
+        res, fail = on_all(
+            self._handles(rec), lambda a: a.call("Status", {"job_id": rec.spec.job_id}, timeout=10)
+        )
+        views = list(res.values())
+        for name, e in fail.items():
+            views.append({"state": "FAILED", "node": name, "error": str(e), "ranks": []})
+        return views
+
+    def status(self, job_id: str) -> Msg:
+        rec = self._job(job_id)
+        views = self._node_views(rec)
+        phase = self._phase(rec, views)
+        ranks = sorted((r for v in views for r in v.get("ranks", [])), key=lambda r: r["rank"])
+        return {
+            "job_id": job_id,
+            "state": phase.value,
+            "nodes": rec.nodes,
+            "nnodes": rec.spec.nnodes,
+            "nproc_per_node": rec.spec.nproc_per_node,
+            "script": rec.spec.script,
+            "ranks": ranks,
+            "snapshots": rec.snapshots,
+            "thawed_from": rec.thawed_from,
+            "exit_code": exit_code(phase, [r.get("exit_code") for r in ranks])
+            if phase.terminal else None,
+        }
+
+    def jobs(self) -> Msg:
+        with self._lock:
+            ids = list(self._jobs)
+        out = []
+        for j in ids:
+            try:
+                out.append(self.status(j))
+            except errors.JobNotFound:
+                continue
+        return {"jobs": out}
+
+    def wait(self, job_id: str, timeout: float) -> Msg:
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.status(job_id)
+            if JobPhase(st["state"]).terminal:
+                return st
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return st
+            rec = self._job(job_id)
+            if rec.busy is None:
+                on_all(self._handles(rec), lambda a: a.call(
+                    "Wait", {"job_id": job_id, "timeout": min(left, 5.0)}, timeout=min(left, 5) + 10))
+            else:
+                time.sleep(min(left, 0.5))
+
+    def cancel(self, job_id: str) -> Msg:
+        rec = self._job(job_id)
+        on_all(self._handles(rec), lambda a: a.call("Cancel", {"job_id": job_id}))
+        return self.status(job_id)
+
+    def logs(self, req: Msg) -> Iterator[Msg]:
+        rec = self._job(req["job_id"])
+        rank = req.get("rank")
+        agents = self._handles(rec)
+        if rank is not None:
+            node = int(rank) // rec.spec.nproc_per_node
+            if not 0 <= node < len(agents):
+                raise errors.InvalidArgument(
+                    f"job {rec.spec.job_id} has no rank {rank}",
+                    f"ranks are 0..{rec.spec.world_size - 1}",
+                )
+            agents = [agents[node]]
+        for a in agents:
+            yield from a.stream("Logs", req)
+
+    # ----------------------------------------------------------------- freeze / thaw
+    def freeze(self, req: Msg) -> Iterator[Msg]:
+        rec = self._job(req["job_id"])
+        if not rec.lock.acquire(blocking=False):
+            raise errors.FreezeRefused(
+                f"another freeze or thaw of job {rec.spec.job_id} is in progress",
+                "wait for it to finish (`snapshotter status`), then retry",
+            )
+        try:
+            phase = self._phase(rec)
+            if phase is not JobPhase.RUNNING:
+                raise errors.FreezeRefused(
+                    f"job {rec.spec.job_id} is {phase.value}; only a running job can be frozen",
+                    "`snapshotter list` shows its snapshots; `snapshotter thaw` resumes one",
+                )
+            rec.busy = JobPhase.FREEZING.value
+            settings = FreezeSettings(
+                quiesce_timeout=float(req.get("quiesce_timeout") or FreezeSettings.quiesce_timeout)
+            )
+            op = FreezeOperation(
+                rec.spec, self._handles(rec), self.store, bool(req.get("stop")), settings,
+                on_committed=rec.snapshots.append,
+            )
+            yield from op.run()
+        finally:
+            rec.busy = None
+            rec.lock.release()
+
+    def thaw(self, req: Msg) -> Iterator[Msg]:
+        snap = req["snapshot_id"]
+        manifest = SnapshotReader(self.store, snap).manifest()
+        meta = manifest.meta
+        spec0 = JobSpec.from_dict(meta["job"])
+        with self._lock:
+            active = [j for j, r in self._jobs.items() if r.busy or j == spec0.job_id]
+            known = list(self._jobs)
+        # A job is only "active" if it still runs: ask the agents.
+        active = [j for j in active if j in known and self._is_active(j)]
+        job_id = thaw_job_id(spec0.job_id, req.get("job_id"), active, known)
+        validate_job_id(job_id)
+        spec = spec0.with_job_id(job_id)
+        agents = self._agents_for(spec.nnodes, req.get("nodes"))
+        rec = JobRecord(spec=spec, nodes=[a.name for a in agents], busy="THAWING",
+                        thawed_from=snap)
+        with self._lock:
+            if job_id in self._jobs and self._jobs[job_id].busy:
+                raise errors.InvalidArgument(
+                    f"job {job_id} is busy", "choose another --job-id for the thaw"
+                )
+            prev = self._jobs.get(job_id)
+            if prev is not None:
+                rec.snapshots = list(prev.snapshots)
+            self._jobs[job_id] = rec
+        try:
+            yield from ThawOperation(snap, meta, spec, agents).run()
+        except BaseException:
+            with self._lock:
+                if prev is not None:
+                    self._jobs[job_id] = prev
+                else:
+                    self._jobs.pop(job_id, None)
+            raise
+        finally:
+            rec.busy = None
+
+    def _is_active(self, job_id: str) -> bool:
+        try:
+            return not JobPhase(self.status(job_id)["state"]).terminal
+        except errors.SnapshotterError:
+            return False
+
+    # ----------------------------------------------------------------- snapshots
+    def list_snapshots(self, req: Msg) -> Msg:
+        job = req.get("job_id")
+        out = []
+        for sid in list_snapshots(self.store):
+            try:
+                m = SnapshotReader(self.store, sid).manifest()
+            except errors.SnapshotterError:
+                continue
+            if job and m.meta.get("source_job") != job:
+                continue
+            out.append(_summary(sid, m))
+        return {"snapshots": sorted(out, key=lambda s: s["created"])}
+
+    def show(self, snapshot_id: str) -> Msg:
+        m = SnapshotReader(self.store, snapshot_id).manifest()
+        return {**_summary(snapshot_id, m), "meta": {k: v for k, v in m.meta.items() if k != "job"},
+                "job": {k: v for k, v in m.meta["job"].items() if k != "env"}}
+
+    def delete(self, snapshot_id: str) -> Msg:
+        SnapshotReader(self.store, snapshot_id).manifest()  # SnapshotNotFound if absent
+        delete_snapshot(self.store, snapshot_id)
+        return {"deleted": snapshot_id}
+
+    def running_jobs(self) -> list[str]:
+        with self._lock:
+            ids = list(self._jobs)
+        return [j for j in ids if self._is_active(j)]
+
+    def ping(self) -> Msg:
+        with self._lock:
+            agents = sorted(self._agents)
+        return {"pid": os.getpid(), "store": self.store_url, "agents": agents}
+
+
+def _summary(sid: str, m: Any) -> Msg:
+    meta = m.meta
+    return {
+        "snapshot_id": sid,
+        "job_id": meta.get("source_job"),
+        "created": m.created,
+        "ranks": len(meta.get("ranks", [])),
+        "nodes": meta.get("nodes", []),
+        "stored_bytes": m.stored_bytes,
+        "raw_bytes": m.raw_bytes,
+        "stats": meta.get("stats", {}),
+    }
+
+
+def coordinator_service(c: Coordinator) -> tuple[dict[str, Any], dict[str, Any]]:
+    unary = {
+        "Ping": lambda req: c.ping(),
+        "RegisterAgent": lambda req: c.register_agent(req["name"], req["address"], req["host"]),
+        "Run": c.run,
+        "Status": lambda req: c.status(req["job_id"]),
+        "Jobs": lambda req: c.jobs(),
+        "Wait": lambda req: c.wait(req["job_id"], float(req.get("timeout", 30))),
+        "Cancel": lambda req: c.cancel(req["job_id"]),
+        "List": c.list_snapshots,
+        "Show": lambda req: c.show(req["snapshot_id"]),
+        "Delete": lambda req: c.delete(req["snapshot_id"]),
+    }
+    streaming = {"Freeze": c.freeze, "Thaw": c.thaw, "Logs": c.logs}
+    return unary, streaming

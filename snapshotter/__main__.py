@@ -1,0 +1,5 @@
+import sys
+
+from snapshotter.cli.main import main
+
+sys.exit(main())

@@ -1,0 +1,566 @@
+"""The node agent: owns the rank processes of its node and checkpoints them.
+
+The coordinator drives a freeze in phases (prepare -> park -> suspend -> dump -> resume/upload
+-> stop) so that many agents stay in step; each phase here acts on all local ranks in parallel.
+The agent never decides whether a freeze goes on; it reports and the coordinator decides.
+It must never leave a rank parked or suspended when a phase fails: it reports, and the
+coordinator's abort/resume puts the ranks back.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from snapshotter import errors
+from snapshotter.agent.logs import LogPump, follow_file
+from snapshotter.agent.rankctl import RankChannel
+from snapshotter.agent.runtime import NodeJob, NodeJobState, RankRuntime
+from snapshotter.agent.storeserver import StoreServer
+from snapshotter.config import Paths
+from snapshotter.launch.env import (
+    RankPlacement,
+    StoreAddress,
+    placements,
+    rank_argv,
+    rank_env,
+    resume_env,
+)
+from snapshotter.launch.spec import JobSpec
+from snapshotter.sandbox import criu
+from snapshotter.sandbox.spawn import Sandbox, become_subreaper, spawn
+from snapshotter.storage.api import ObjectStore
+from snapshotter.storage.transfer import SnapshotReader, SnapshotWriter
+
+log = logging.getLogger(__name__)
+
+Msg = dict[str, Any]
+Progress = Callable[[Msg], None]
+
+
+@dataclass
+class _Freeze:
+    freeze_id: str
+    work: Path
+    records: dict[int, Msg] = field(default_factory=dict)
+    writer: SnapshotWriter | None = None
+
+
+@dataclass(frozen=True)
+class NodeSettings:
+    name: str
+    paths: Paths
+    # Address ranks of this node use to reach the job's store (the node's own address).
+    host: str = "127.0.0.1"
+    # Network settings of this node that ranks must use, also after a thaw onto it.
+    network_env: tuple[tuple[str, str], ...] = ()
+    netns: str | None = None
+    dump_parallelism: int = 8
+
+
+class NodeAgent:
+    def __init__(self, settings: NodeSettings, store: ObjectStore) -> None:
+        self.settings = settings
+        self.paths = settings.paths
+        self.store = store
+        self._jobs: dict[str, NodeJob] = {}
+        self._freezes: dict[str, _Freeze] = {}
+        self._lock = threading.Lock()
+        # Dumps of sandboxes whose init shares a cwd must not overlap (CRIU's parasite makes a
+        # temporary directory there); forks of one snapshot share it.
+        self._cwd_locks: dict[str, threading.Lock] = {}
+        become_subreaper()
+
+    # ----------------------------------------------------------------- helpers
+    @property
+    def node_env(self) -> dict[str, str]:
+        return dict(self.settings.network_env)
+
+    def job(self, job_id: str) -> NodeJob:
+        with self._lock:
+            j = self._jobs.get(job_id)
+        if j is None:
+            raise errors.JobNotFound(job_id)
+        return j
+
+    def _running(self, job_id: str) -> NodeJob:
+        j = self.job(job_id)
+        if j.state is not NodeJobState.RUNNING:
+            raise errors.JobNotRunning(
+                f"job {job_id} is {j.state.value}, not running",
+                "only a running job can be frozen; `snapshotter list` shows its snapshots",
+            )
+        return j
+
+    def _pool(self, n: int) -> ThreadPoolExecutor:
+        return ThreadPoolExecutor(max_workers=max(1, min(n, self.settings.dump_parallelism)))
+
+    def _cwd_lock(self, path: str) -> threading.Lock:
+        with self._lock:
+            return self._cwd_locks.setdefault(path, threading.Lock())
+
+    def _new_rank(
+        self, p: RankPlacement, sandbox: Sandbox, job_id: str, init_cwd: str
+    ) -> RankRuntime:
+        io = sandbox.io
+        return RankRuntime(
+            placement=p,
+            sandbox=sandbox,
+            channel=RankChannel(p.rank, io.ctl_in, io.ctl_out),
+            pump=LogPump(self.paths.log_file(job_id, p.rank), [io.stdout, io.stderr]),
+            init_cwd=init_cwd,
+        )
+
+    def _register(self, job: NodeJob) -> None:
+        with self._lock:
+            old = self._jobs.get(job.spec.job_id)
+            if old is not None and not old.state.terminal:
+                raise errors.InvalidArgument(
+                    f"job {job.spec.job_id} is already running on node {self.settings.name}",
+                    "choose another --job-id",
+                )
+            self._jobs[job.spec.job_id] = job
+
+    # ----------------------------------------------------------------- launch
+    def launch(self, spec: JobSpec, node_rank: int) -> Msg:
+        with self._lock:
+            old = self._jobs.get(spec.job_id)
+            if old is not None and not old.state.terminal:
+                raise errors.InvalidArgument(
+                    f"job {spec.job_id} is already running", "choose another --job-id"
+                )
+        store = StoreServer(spec.python, self.settings.host, spec.env)
+        job = NodeJob(spec=spec, node_rank=node_rank, store=store)
+        try:
+            for p in placements(spec.nnodes, spec.nproc_per_node, node_rank):
+                env = rank_env(spec.env, p, store.address, spec.job_id, self.node_env)
+                argv = rank_argv(spec.python, spec.script, spec.script_args, spec.module)
+                init_cwd = self.paths.init_cwd(f"{spec.job_id}-r{p.rank}-{uuid.uuid4().hex[:8]}")
+                init_cwd.mkdir(parents=True, exist_ok=True)
+                sb = spawn(argv, env, spec.cwd, init_cwd=init_cwd, netns=self.settings.netns)
+                job.ranks.append(self._new_rank(p, sb, spec.job_id, str(init_cwd)))
+        except BaseException:
+            for r in job.ranks:
+                r.sandbox.kill()
+            store.stop()
+            raise
+        self._register(job)
+        job.watch()
+        return job.describe()
+
+    # ----------------------------------------------------------------- freeze phases
+    def _each(self, job: NodeJob, fn: Callable[[RankRuntime], Msg]) -> dict[int, Msg]:
+        ranks = job.alive_ranks()
+        if len(ranks) != len(job.ranks):
+            gone = [r.rank for r in job.ranks if r.exit_code is not None]
+            raise errors.FreezeFailed(
+                f"rank(s) {gone} of job {job.spec.job_id} have exited",
+                "see `snapshotter logs`; a job with dead ranks cannot be frozen",
+            )
+        with self._pool(len(ranks)) as pool:
+            futs = {r.rank: pool.submit(fn, r) for r in ranks}
+            out: dict[int, Msg] = {}
+            first: BaseException | None = None
+            for rank, f in futs.items():
+                try:
+                    out[rank] = f.result()
+                except BaseException as e:  # noqa: BLE001 - first failure is re-raised below
+                    first = first or e
+            if first is not None:
+                raise first
+            return out
+
+    def prepare(self, job_id: str, freeze_id: str, timeout: float) -> Msg:
+        job = self._running(job_id)
+        if not job.op_lock.acquire(blocking=False):
+            raise errors.FreezeRefused(
+                f"another freeze or thaw of job {job_id} is in progress",
+                "wait for it to finish (`snapshotter status`), then retry",
+            )
+        try:
+            for r in job.ranks:
+                r.channel.drain()
+            counts = self._each(
+                job,
+                lambda r: r.channel.request(
+                    {"op": "prepare", "freeze": freeze_id}, "counts", timeout
+                )["counts"],
+            )
+        except BaseException:
+            job.op_lock.release()
+            raise
+        work = self.paths.work_dir(freeze_id)
+        with self._lock:
+            self._freezes[freeze_id] = _Freeze(freeze_id=freeze_id, work=work)
+        return {"counts": {str(k): v for k, v in counts.items()}}
+
+    def park(self, job_id: str, freeze_id: str, targets: dict[str, int], timeout: float) -> Msg:
+        """Arm the barrier on every rank and wait until all are parked or the deadline passes.
+        Ranks that did not park are reported, not raised: the coordinator decides to abort."""
+        job = self.job(job_id)
+        for r in job.ranks:
+            r.channel.send({"op": "park", "freeze": freeze_id, "targets": targets})
+        deadline = time.monotonic() + timeout
+        parked: dict[str, Any] = {}
+        missing: dict[str, str] = {}
+        for r in job.ranks:
+            try:
+                msg = r.channel.expect("parked", freeze_id, max(0.0, deadline - time.monotonic()))
+                parked[str(r.rank)] = msg.get("at")
+            except errors.SnapshotterError as e:
+                missing[str(r.rank)] = e.cause
+        return {"parked": parked, "missing": missing}
+
+    def suspend(self, job_id: str, freeze_id: str, timeout: float) -> Msg:
+        job = self.job(job_id)
+        self._each(
+            job,
+            lambda r: r.channel.request({"op": "suspend", "freeze": freeze_id}, "suspended", timeout),
+        )
+        return {}
+
+    def abort(self, job_id: str, freeze_id: str, timeout: float = 30.0) -> Msg:
+        """Undo park (communicators intact): every rank continues as before."""
+        job = self.job(job_id)
+        failed: dict[str, str] = {}
+        for r in job.alive_ranks():
+            try:
+                r.channel.request({"op": "abort", "freeze": freeze_id}, "aborted", timeout)
+            except errors.SnapshotterError as e:
+                failed[str(r.rank)] = e.cause
+        self._end_freeze(job, freeze_id)
+        return {"failed": failed}
+
+    def dump(self, job_id: str, freeze_id: str) -> Msg:
+        job = self.job(job_id)
+        fr = self._freeze(freeze_id)
+        fr.work.mkdir(parents=True, exist_ok=True)
+        logs = self.paths.criu_logs(freeze_id)
+
+        def one(r: RankRuntime) -> Msg:
+            images = fr.work / f"rank-{r.rank}"
+            images.mkdir(parents=True, exist_ok=True)
+            t0 = time.monotonic()
+            with self._cwd_lock(r.init_cwd):
+                criu.dump(r.sandbox.pid, images, leave_running=True, log_dir=logs / f"rank-{r.rank}")
+            size = sum(f.stat().st_size for f in images.rglob("*") if f.is_file())
+            rec = {
+                "rank": r.rank,
+                "local_rank": r.placement.local_rank,
+                "node_rank": r.placement.node_rank,
+                "stream": f"rank-{r.rank}",
+                "inodes": dict(r.sandbox.io.inodes),
+                "init_cwd": r.init_cwd,
+                "image_bytes": size,
+                "dump_s": time.monotonic() - t0,
+            }
+            fr.records[r.rank] = rec
+            return rec
+
+        recs = self._each(job, one)
+        return {"ranks": [recs[k] for k in sorted(recs)]}
+
+    def resume(self, job_id: str, freeze_id: str, timeout: float) -> Msg:
+        job = self.job(job_id)
+        assert job.store is not None
+        store = job.store.address
+        msg = {
+            "op": "resume",
+            "freeze": freeze_id,
+            "store": {"host": store.host, "port": store.port},
+            "epoch": freeze_id,
+            "env": resume_env(store, self.node_env),
+        }
+        self._each(job, lambda r: r.channel.request(dict(msg), "resumed", timeout))
+        return {}
+
+    def upload(self, job_id: str, freeze_id: str, snapshot_id: str) -> Iterator[Msg]:
+        fr = self._freeze(freeze_id)
+        events: list[Msg] = []
+        ev_lock = threading.Condition()
+        result: dict[str, Any] = {}
+
+        def progress(info: Msg) -> None:
+            with ev_lock:
+                events.append({"event": "progress", "node": self.settings.name, **info})
+                ev_lock.notify_all()
+
+        def work() -> None:
+            try:
+                writer = SnapshotWriter(self.store, snapshot_id, progress=progress)
+                fr.writer = writer
+                t0 = time.time()
+                streams = {}
+                for rank in sorted(fr.records):
+                    rec = fr.records[rank]
+                    streams[rec["stream"]] = writer.add_directory(
+                        rec["stream"], fr.work / f"rank-{rank}"
+                    )
+                result["streams"] = {k: v.to_dict() for k, v in streams.items()}
+                result["upload"] = {"node": self.settings.name, "start": t0, "end": time.time()}
+            except BaseException as e:  # noqa: BLE001 - handed to the caller below
+                result["error"] = e
+            finally:
+                with ev_lock:
+                    result["done"] = True
+                    ev_lock.notify_all()
+
+        threading.Thread(target=work, daemon=True, name=f"upload-{freeze_id}").start()
+        sent = 0
+        while True:
+            with ev_lock:
+                while sent == len(events) and "done" not in result:
+                    ev_lock.wait(1.0)
+                batch = events[sent:]
+                sent = len(events)
+                done = "done" in result
+            # Progress is sampled: the latest event is enough for a progress line.
+            if batch:
+                yield batch[-1]
+            if done:
+                break
+        if "error" in result:
+            raise result["error"]
+        yield {
+            "event": "uploaded",
+            "streams": result["streams"],
+            "ranks": [fr.records[k] for k in sorted(fr.records)],
+            "upload": result["upload"],
+        }
+
+    def discard_upload(self, job_id: str, freeze_id: str) -> Msg:
+        """Delete chunks this node wrote for a snapshot that will not be committed."""
+        with self._lock:
+            fr = self._freezes.get(freeze_id)
+        if fr is not None and fr.writer is not None:
+            fr.writer.abort()
+        return {}
+
+    def finish_freeze(self, job_id: str, freeze_id: str, stop: bool) -> Msg:
+        job = self.job(job_id)
+        if stop:
+            job.stop(NodeJobState.FROZEN)
+        self._end_freeze(job, freeze_id)
+        return job.describe()
+
+    def _freeze(self, freeze_id: str) -> _Freeze:
+        with self._lock:
+            fr = self._freezes.get(freeze_id)
+        if fr is None:
+            raise errors.FreezeFailed(
+                f"unknown freeze {freeze_id} on node {self.settings.name}",
+                "the agent restarted during the freeze; retry it",
+            )
+        return fr
+
+    def _end_freeze(self, job: NodeJob, freeze_id: str) -> None:
+        with self._lock:
+            fr = self._freezes.pop(freeze_id, None)
+        if fr is not None:
+            shutil.rmtree(fr.work, ignore_errors=True)
+        if job.op_lock.locked():
+            job.op_lock.release()
+
+    # ----------------------------------------------------------------- thaw
+    def fetch(self, snapshot_id: str, streams: list[str]) -> Iterator[Msg]:
+        """Download and verify every chunk of the given streams, then unpack them into a
+        staging directory. Phase one of a thaw: no process starts before every node fetched."""
+        op = f"thaw-{uuid.uuid4().hex[:12]}"
+        work = self.paths.work_dir(op)
+        reader = SnapshotReader(self.store, snapshot_id)
+        t0 = time.monotonic()
+        try:
+            yield {"event": "phase", "phase": "fetch", "node": self.settings.name}
+            reader.verify_and_fetch(work / "staging", streams=streams)
+            for s in streams:
+                reader.extract_directory(s, work / s)
+            shutil.rmtree(work / "staging", ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        yield {"event": "fetched", "node": self.settings.name, "op": op,
+               "fetch_s": time.monotonic() - t0}
+
+    def discard_fetch(self, op: str) -> Msg:
+        if op.startswith("thaw-") and "/" not in op:
+            shutil.rmtree(self.paths.work_dir(op), ignore_errors=True)
+        return {}
+
+    def restore(
+        self, op: str, spec: JobSpec, ranks: list[Msg], node_rank: int, timeout: float
+    ) -> Msg:
+        """Restore this node's ranks from a fetched snapshot, in parallel, then resume them
+        with this node's store address and network settings."""
+        with self._lock:
+            old = self._jobs.get(spec.job_id)
+            if old is not None and not old.state.terminal:
+                raise errors.InvalidArgument(
+                    f"job {spec.job_id} is already running", "thaw with another --job-id"
+                )
+        work = self.paths.work_dir(op)
+        if not work.is_dir():
+            raise errors.ThawFailed(
+                f"nothing fetched for thaw {op} on node {self.settings.name}",
+                "retry the thaw; the fetch phase must complete first",
+            )
+        job: NodeJob | None = None
+        store: StoreServer | None = None
+        try:
+            store = StoreServer(spec.python, self.settings.host, spec.env)
+            job = NodeJob(spec=spec, node_rank=node_rank, store=store)
+            logs = self.paths.criu_logs(op)
+
+            def one(rec: Msg) -> RankRuntime:
+                Path(rec["init_cwd"]).mkdir(parents=True, exist_ok=True)
+                sb = criu.restore(
+                    work / rec["stream"],
+                    {k: int(v) for k, v in rec["inodes"].items()},
+                    log_dir=logs / rec["stream"],
+                    netns=self.settings.netns,
+                )
+                p = RankPlacement(
+                    rank=int(rec["rank"]),
+                    local_rank=int(rec["local_rank"]),
+                    node_rank=node_rank,
+                    world_size=spec.world_size,
+                    local_world_size=spec.nproc_per_node,
+                    nnodes=spec.nnodes,
+                )
+                return self._new_rank(p, sb, spec.job_id, rec["init_cwd"])
+
+            t1 = time.monotonic()
+            with self._pool(len(ranks)) as pool:
+                futs = [pool.submit(one, rec) for rec in ranks]
+                first: BaseException | None = None
+                for f in futs:
+                    try:
+                        job.ranks.append(f.result())
+                    except BaseException as e:  # noqa: BLE001
+                        first = first or e
+                if first is not None:
+                    raise first
+            restore_s = time.monotonic() - t1
+            self._register(job)
+            job.watch()
+            t2 = time.monotonic()
+            self._resume_restored(job, store.address, op, timeout)
+            return {"node": self.settings.name, "restore_s": restore_s,
+                    "resume_s": time.monotonic() - t2, "job": job.describe()}
+        except BaseException:
+            if job is not None:
+                job.stop(NodeJobState.FAILED)
+            if store is not None:
+                store.stop()
+            raise
+        finally:
+            shutil.rmtree(work, ignore_errors=True)
+
+    def _resume_restored(self, job: NodeJob, store: StoreAddress, epoch: str, timeout: float) -> None:
+        msg = {
+            "op": "resume",
+            "freeze": epoch,
+            "store": {"host": store.host, "port": store.port},
+            "epoch": epoch,
+            "env": resume_env(store, self.node_env),
+        }
+        self._each(job, lambda r: r.channel.request(dict(msg), "resumed", timeout))
+
+    # ----------------------------------------------------------------- queries
+    def status(self, job_id: str) -> Msg:
+        return self.job(job_id).describe()
+
+    def jobs(self) -> Msg:
+        with self._lock:
+            jobs = list(self._jobs.values())
+        return {"jobs": [j.describe() for j in jobs]}
+
+    def wait(self, job_id: str, timeout: float) -> Msg:
+        job = self.job(job_id)
+        job.wait(timeout)
+        return job.describe()
+
+    def cancel(self, job_id: str) -> Msg:
+        job = self.job(job_id)
+        if not job.state.terminal:
+            job.stop(NodeJobState.CANCELLED)
+        return job.describe()
+
+    def logs(self, job_id: str, rank: int | None, offset: int, follow: bool) -> Iterator[Msg]:
+        job = self.job(job_id)
+        ranks = [r.rank for r in job.ranks] if rank is None else [rank]
+        if rank is not None and rank not in {r.rank for r in job.ranks}:
+            raise errors.InvalidArgument(
+                f"job {job_id} has no rank {rank} on node {self.settings.name}",
+                f"ranks here: {sorted(r.rank for r in job.ranks)}",
+            )
+        if len(ranks) == 1:
+            path = self.paths.log_file(job_id, ranks[0])
+            for off, data in follow_file(path, offset, follow, lambda: job.state.terminal):
+                yield {"rank": ranks[0], "offset": off, "data": data.decode(errors="replace")}
+            return
+        # Several ranks: whole files, rank by rank (following interleaves poorly).
+        for rk in ranks:
+            path = self.paths.log_file(job_id, rk)
+            for off, data in follow_file(path, 0, False, lambda: True):
+                yield {"rank": rk, "offset": off, "data": data.decode(errors="replace")}
+
+    def shutdown(self) -> None:
+        with self._lock:
+            jobs = list(self._jobs.values())
+        for j in jobs:
+            if not j.state.terminal:
+                j.stop(NodeJobState.CANCELLED)
+
+    def running_jobs(self) -> list[str]:
+        with self._lock:
+            return [j.spec.job_id for j in self._jobs.values() if not j.state.terminal]
+
+
+def agent_service(agent: NodeAgent) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The agent's gRPC surface: unary and streaming method tables."""
+
+    def spec_of(req: Msg) -> JobSpec:
+        return JobSpec.from_dict(req["spec"])
+
+    unary = {
+        "Ping": lambda req: {"node": agent.settings.name, "pid": os.getpid(), "host": agent.settings.host},
+        "Launch": lambda req: agent.launch(spec_of(req), int(req.get("node_rank", 0))),
+        "Prepare": lambda req: agent.prepare(req["job_id"], req["freeze_id"], float(req["timeout"])),
+        "Park": lambda req: agent.park(
+            req["job_id"], req["freeze_id"], dict(req["targets"]), float(req["timeout"])
+        ),
+        "Suspend": lambda req: agent.suspend(req["job_id"], req["freeze_id"], float(req["timeout"])),
+        "Abort": lambda req: agent.abort(req["job_id"], req["freeze_id"]),
+        "Dump": lambda req: agent.dump(req["job_id"], req["freeze_id"]),
+        "Resume": lambda req: agent.resume(req["job_id"], req["freeze_id"], float(req["timeout"])),
+        "DiscardUpload": lambda req: agent.discard_upload(req["job_id"], req["freeze_id"]),
+        "FinishFreeze": lambda req: agent.finish_freeze(
+            req["job_id"], req["freeze_id"], bool(req["stop"])
+        ),
+        "Status": lambda req: agent.status(req["job_id"]),
+        "Jobs": lambda req: agent.jobs(),
+        "Wait": lambda req: agent.wait(req["job_id"], float(req.get("timeout", 10))),
+        "Cancel": lambda req: agent.cancel(req["job_id"]),
+        "DiscardFetch": lambda req: agent.discard_fetch(req["op"]),
+        "Restore": lambda req: agent.restore(
+            req["op"], spec_of(req), list(req["ranks"]), int(req.get("node_rank", 0)),
+            float(req.get("timeout", 120)),
+        ),
+    }
+    streaming = {
+        "Upload": lambda req: agent.upload(req["job_id"], req["freeze_id"], req["snapshot_id"]),
+        "Fetch": lambda req: agent.fetch(req["snapshot_id"], list(req["streams"])),
+        "Logs": lambda req: agent.logs(
+            req["job_id"], req.get("rank"), int(req.get("offset", 0)), bool(req.get("follow"))
+        ),
+    }
+    return unary, streaming

@@ -1,0 +1,127 @@
+"""The agent's end of one rank's control channel (two pipes, newline-delimited JSON).
+
+Protocol (the rank side is snapshotter/hook/control.py):
+    prepare{freeze}             -> counts{freeze, counts{group: issued}}
+    park{freeze, targets}       -> parked{freeze, at}
+    suspend{freeze}             -> suspended{freeze}     (rank holds no sockets after this)
+    resume{freeze, store, epoch, env} -> resumed{freeze}
+    abort{freeze}               -> aborted{freeze}
+    ping                        -> pong{pid, rank}
+    any                         -> error{freeze, message}
+
+Replies are matched by op and freeze id; stale replies of an earlier freeze are dropped. This
+object never blocks the caller for longer than the timeout it is given.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import threading
+import time
+from typing import Any
+
+from snapshotter import errors
+
+Msg = dict[str, Any]
+
+
+class RankChannel:
+    def __init__(self, rank: int, to_rank_fd: int, from_rank_fd: int) -> None:
+        self.rank = rank
+        self._out = to_rank_fd
+        self._in = from_rank_fd
+        self._replies: queue.Queue[Msg | None] = queue.Queue()
+        self._send_lock = threading.Lock()
+        self._closed = False
+        self._reader = threading.Thread(
+            target=self._read_loop, name=f"rankctl-{rank}", daemon=True
+        )
+        self._reader.start()
+
+    def _read_loop(self) -> None:
+        buf = b""
+        while True:
+            try:
+                data = os.read(self._in, 65536)
+            except OSError:
+                data = b""
+            if not data:
+                self._replies.put(None)
+                return
+            buf += data
+            while b"\n" in buf:
+                line, buf = buf.split(b"\n", 1)
+                if line.strip():
+                    try:
+                        self._replies.put(json.loads(line))
+                    except ValueError:
+                        continue
+
+    def send(self, msg: Msg) -> None:
+        data = (json.dumps(msg) + "\n").encode()
+        with self._send_lock:
+            try:
+                os.write(self._out, data)
+            except OSError as e:
+                raise errors.FreezeFailed(
+                    f"rank {self.rank} control channel is closed ({e.strerror})",
+                    "the rank has probably exited; see `snapshotter logs`",
+                ) from e
+
+    def expect(self, op: str, freeze: str | None, timeout: float) -> Msg:
+        """Wait for reply `op` of this freeze; raise on an error reply, EOF or timeout."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                raise errors.QuiesceTimeout(
+                    f"rank {self.rank} did not answer {op!r} within {timeout:.0f}s",
+                    "the rank may be hung or in a long phase without collectives; "
+                    "the job was left running; retry the freeze later",
+                )
+            try:
+                msg = self._replies.get(timeout=left)
+            except queue.Empty:
+                continue
+            if msg is None:
+                self._replies.put(None)  # keep EOF visible to later callers
+                raise errors.FreezeFailed(
+                    f"rank {self.rank} closed its control channel (it exited)",
+                    "see `snapshotter logs` for why the rank ended",
+                )
+            if freeze is not None and msg.get("freeze") not in (None, freeze):
+                continue  # stale reply of an earlier operation
+            if msg.get("op") == "error":
+                raise errors.FreezeFailed(
+                    f"rank {self.rank} reported: {msg.get('message', '?')}",
+                    "see `snapshotter logs`; the freeze was undone",
+                )
+            if msg.get("op") == op:
+                return msg
+
+    def request(self, msg: Msg, reply_op: str, timeout: float) -> Msg:
+        self.send(msg)
+        return self.expect(reply_op, msg.get("freeze"), timeout)
+
+    def drain(self) -> None:
+        """Drop replies left from an earlier operation."""
+        while True:
+            try:
+                m = self._replies.get_nowait()
+            except queue.Empty:
+                return
+            if m is None:
+                self._replies.put(None)
+                return
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        for fd in (self._out, self._in):
+            try:
+                os.close(fd)
+            except OSError:
+                pass

@@ -1,0 +1,59 @@
+"""Coordinator decisions: pure functions, no processes."""
+
+from datetime import UTC, datetime
+
+import pytest
+
+from coordinator.decisions import JobPhase, exit_code, job_phase, pick_targets, snapshot_id, thaw_job_id
+from snapshotter import errors
+
+
+def test_targets_are_one_past_the_max_per_group() -> None:
+    counts = {0: {"0": 10, "1": 3}, 1: {"0": 12, "1": 3}, 2: {"0": 11}}
+    assert pick_targets(counts) == {"0": 13, "1": 4}
+
+
+def test_targets_with_no_groups_is_empty() -> None:
+    assert pick_targets({0: {}, 1: {}}) == {}
+
+
+def test_snapshot_id_is_sortable_and_utc() -> None:
+    t = datetime(2026, 11, 30, 14, 1, 2, tzinfo=UTC)
+    assert snapshot_id("job-a", t, "ab12") == "job-a-20261130T140102-ab12"
+
+
+def test_thaw_keeps_id_when_source_is_not_running() -> None:
+    assert thaw_job_id("j", None, active=[], known=["j"]) == "j"
+
+
+def test_thaw_forks_when_source_runs() -> None:
+    assert thaw_job_id("j", None, active=["j"], known=["j", "j.1"]) == "j.2"
+
+
+def test_thaw_explicit_id_must_not_be_active() -> None:
+    with pytest.raises(errors.InvalidArgument):
+        thaw_job_id("j", "k", active=["k"], known=["k"])
+    assert thaw_job_id("j", "k", active=["j"], known=["j"]) == "k"
+
+
+@pytest.mark.parametrize(
+    ("busy", "states", "want"),
+    [
+        ("FREEZING", ["RUNNING"], JobPhase.FREEZING),
+        (None, ["RUNNING", "RUNNING"], JobPhase.RUNNING),
+        (None, ["SUCCEEDED", "SUCCEEDED"], JobPhase.SUCCEEDED),
+        (None, ["FAILED", "SUCCEEDED"], JobPhase.FAILED),
+        (None, ["FROZEN"], JobPhase.FROZEN),
+        (None, ["FAILED", "RUNNING"], JobPhase.RUNNING),
+        (None, [], JobPhase.FAILED),
+    ],
+)
+def test_job_phase(busy: str | None, states: list[str], want: JobPhase) -> None:
+    assert job_phase(busy, states) is want
+
+
+def test_exit_code_is_first_failing_rank() -> None:
+    assert exit_code(JobPhase.FAILED, [0, None, 3, 4]) == 3
+    assert exit_code(JobPhase.SUCCEEDED, [0, 0]) == 0
+    assert exit_code(JobPhase.FROZEN, [None, -9]) == 0
+    assert exit_code(JobPhase.CANCELLED, [None]) == 1
