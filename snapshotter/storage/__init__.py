@@ -1,0 +1,40 @@
+"""Snapshot storage: where frozen jobs' CRIU images go, and how they come back intact.
+
+api          ObjectStore, the backend boundary (put/get/head/list/delete)
+local        LocalDirStore, the embedded default (a directory)
+s3           S3Store, any S3-compatible object store via boto3
+url          open_store("file:///path" | "s3://bucket/prefix")
+format       key layout and manifest (the on-store grammar)
+coordinator  TransferCoordinator, tasks/status/first failure/cleanups of one transfer
+writer       SnapshotWriter: chunk, compress, hash, upload, commit manifest last
+reader       SnapshotReader: verify every chunk, then extract
+catalog      list_snapshots, delete_snapshot, find_orphans
+"""
+
+from snapshotter.storage.api import ObjectMissing, ObjectStore
+from snapshotter.storage.catalog import delete_snapshot, find_orphans, list_snapshots
+from snapshotter.storage.format import ChunkInfo, Manifest, StreamInfo
+from snapshotter.storage.local import LocalDirStore
+from snapshotter.storage.reader import SnapshotReader
+from snapshotter.storage.s3 import S3Store, S3Tuning
+from snapshotter.storage.url import open_store
+from snapshotter.storage.writer import DEFAULT_CHUNK_SIZE, Progress, SnapshotWriter
+
+__all__ = [
+    "DEFAULT_CHUNK_SIZE",
+    "ChunkInfo",
+    "LocalDirStore",
+    "Manifest",
+    "ObjectMissing",
+    "ObjectStore",
+    "Progress",
+    "S3Store",
+    "S3Tuning",
+    "SnapshotReader",
+    "SnapshotWriter",
+    "StreamInfo",
+    "delete_snapshot",
+    "find_orphans",
+    "list_snapshots",
+    "open_store",
+]

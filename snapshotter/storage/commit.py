@@ -1,0 +1,74 @@
+"""Committing a snapshot whose streams were written by several writers (one per node agent).
+
+The coordinator gathers each node's StreamInfo, checks that every chunk is in the store with
+its exact size, and only then writes the manifest: the one write that makes a snapshot exist.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Mapping
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any
+
+from snapshotter.errors import InvalidArgument, StorageUnavailable
+from snapshotter.storage import format as fmt
+from snapshotter.storage.api import ObjectStore
+
+
+def check_stored(store: ObjectStore, manifest: fmt.Manifest, workers: int = 8) -> None:
+    """Every chunk of the manifest is in the store with its recorded size.
+
+    Raises:
+        StorageUnavailable: a chunk is missing or has another size (names up to five).
+    """
+    chunks = [c for _, c in manifest.chunks()]
+    with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
+        sizes = list(pool.map(lambda c: store.head(c.key), chunks))
+    bad = [
+        f"{c.key} ({'missing' if size is None else f'{size} bytes'}, expected {c.stored_size})"
+        for c, size in zip(chunks, sizes, strict=True)
+        if size != c.stored_size
+    ]
+    if bad:
+        raise StorageUnavailable(
+            f"{len(bad)} chunk(s) of snapshot {manifest.snapshot_id!r} are not in "
+            f"{store.describe()} as written: {', '.join(bad[:5])}"
+            + (" ..." if len(bad) > 5 else ""),
+            "the object store lost or altered writes; check its health, then freeze again",
+        )
+
+
+def commit_snapshot(
+    store: ObjectStore,
+    snapshot_id: str,
+    streams: Mapping[str, Mapping[str, Any]],
+    meta: Mapping[str, Any],
+) -> fmt.Manifest:
+    """Write the manifest of `snapshot_id` from streams given as `StreamInfo.to_dict()`.
+
+    Raises:
+        InvalidArgument: a stream description or meta is malformed, or the id is taken.
+        StorageUnavailable: a chunk is not stored as described, or the write failed.
+    """
+    try:
+        manifest = fmt.Manifest(
+            snapshot_id=snapshot_id,
+            created_at=time.time(),
+            meta=dict(meta),
+            streams={n: fmt.stream_from_dict(n, s) for n, s in streams.items()},
+        )
+        body = manifest.to_json()
+    except (fmt.ManifestError, KeyError, TypeError, ValueError) as e:
+        raise InvalidArgument(
+            f"cannot commit snapshot {snapshot_id!r}: {e}", "this is a bug; report it"
+        ) from e
+    check_stored(store, manifest)
+    key = fmt.manifest_key(snapshot_id)
+    if store.head(key) is not None:
+        raise InvalidArgument(
+            f"snapshot {snapshot_id!r} was committed by someone else meanwhile",
+            "use a unique snapshot id per freeze",
+        )
+    store.put_bytes(key, body)
+    return manifest
