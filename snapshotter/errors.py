@@ -156,3 +156,13 @@ def from_dict(d: dict[str, str]) -> SnapshotterError:
     err = SnapshotterError.__new__(cls)
     SnapshotterError.__init__(err, d.get("cause", ""), d.get("next_step", ""))
     return err
+
+
+class SandboxError(SnapshotterError):
+    """A rank sandbox could not be built or started (no C compiler, spawn failed, ...)."""
+
+    exit_code = 13
+    code = "sandbox_failed"
+
+
+_register(SandboxError)

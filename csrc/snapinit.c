@@ -1,0 +1,181 @@
+/*
+ * snapinit: pid 1 of one rank's sandbox (a fresh PID namespace).
+ *
+ *   snapinit --pid-fd N [--init-cwd DIR] [--netns PATH] [--fd SRC:DST]... -- argv...
+ *
+ * The outer process optionally enters the network namespace PATH (setns, nothing else),
+ * moves fd SRC to DST for each --fd, unshares a PID namespace and forks its pid 1 (the init),
+ * writes the init's host pid ("1234\n") to fd N and exits at once. The init is re-parented to
+ * the caller (a child subreaper), so the tree at launch, caller -> init -> rank, is the tree
+ * CRIU restores.
+ *
+ * The init: setsid() (CRIU needs the root of a pid namespace to lead its session), forks the
+ * rank (original cwd, execvp argv, inherited environment and fds), then chdir(DIR) for itself
+ * only: CRIU's parasite makes a temporary "proc.crtools" directory in the root task's cwd, so
+ * two parallel dumps of sandboxes sharing a cwd collide unless each init has its own.
+ * It forwards TERM/INT/HUP/USR1/USR2/QUIT to the rank, reaps every child and exits with the
+ * rank's status (128+signal if the rank was killed). It waits in sigwaitinfo(), which CRIU
+ * interrupts (EINTR) on dump and restore; the loop simply retries.
+ */
+#define _GNU_SOURCE
+#include <errno.h>
+#include <fcntl.h>
+#include <sched.h>
+#include <signal.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#define MAX_FDS 16
+#define HIGH_FD 64 /* scratch fds live at >= HIGH_FD; targets must be below it */
+
+static const int fwd_sigs[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGQUIT};
+
+static void die(const char *what)
+{
+	fprintf(stderr, "snapinit: %s: %s\n", what, strerror(errno));
+	_exit(127);
+}
+
+static void usage(void)
+{
+	fprintf(stderr, "usage: snapinit --pid-fd N [--init-cwd DIR] [--netns PATH] "
+			"[--fd SRC:DST]... -- argv...\n");
+	_exit(2);
+}
+
+static int close_above(int lo, int hi) /* close fds in [lo, hi) */
+{
+	for (int fd = lo; fd < hi; fd++)
+		close(fd);
+	return 0;
+}
+
+static int run_init(char **argv, const char *init_cwd, const sigset_t *set, int max_dst)
+{
+	int status, rank_status = 0, rank_done = 0;
+	siginfo_t si;
+	pid_t rank, pid;
+
+	if (setsid() < 0)
+		die("setsid");
+	rank = fork();
+	if (rank < 0)
+		die("fork rank");
+	if (rank == 0) {
+		sigset_t none;
+
+		sigemptyset(&none);
+		sigprocmask(SIG_SETMASK, &none, NULL);
+		execvp(argv[0], argv);
+		die(argv[0]);
+	}
+	if (init_cwd && chdir(init_cwd) < 0)
+		fprintf(stderr, "snapinit: chdir %s: %s\n", init_cwd, strerror(errno));
+	/* The rank's control pipes belong to the rank; holding them would hide its EOFs. */
+	close_above(3, max_dst + 1);
+
+	while (!rank_done) {
+		if (sigwaitinfo(set, &si) < 0) {
+			if (errno == EINTR)
+				continue;
+			die("sigwaitinfo");
+		}
+		if (si.si_signo != SIGCHLD) {
+			kill(rank, si.si_signo);
+			continue;
+		}
+		while ((pid = waitpid(-1, &status, WNOHANG)) > 0) {
+			if (pid == rank) {
+				rank_status = status;
+				rank_done = 1;
+			}
+		}
+	}
+	if (WIFSIGNALED(rank_status))
+		return 128 + WTERMSIG(rank_status);
+	return WEXITSTATUS(rank_status);
+}
+
+int main(int argc, char **argv)
+{
+	int pid_fd = -1, nfds = 0, src[MAX_FDS], dst[MAX_FDS], max_dst = 2, i;
+	const char *init_cwd = NULL, *netns = NULL;
+	sigset_t set;
+	char buf[32];
+	pid_t init;
+
+	for (i = 1; i < argc; i++) {
+		if (!strcmp(argv[i], "--")) {
+			i++;
+			break;
+		} else if (!strcmp(argv[i], "--pid-fd") && i + 1 < argc) {
+			pid_fd = atoi(argv[++i]);
+		} else if (!strcmp(argv[i], "--init-cwd") && i + 1 < argc) {
+			init_cwd = argv[++i];
+		} else if (!strcmp(argv[i], "--netns") && i + 1 < argc) {
+			netns = argv[++i];
+		} else if (!strcmp(argv[i], "--fd") && i + 1 < argc && nfds < MAX_FDS) {
+			if (sscanf(argv[++i], "%d:%d", &src[nfds], &dst[nfds]) != 2 ||
+			    dst[nfds] < 0 || dst[nfds] >= HIGH_FD)
+				usage();
+			if (dst[nfds] > max_dst)
+				max_dst = dst[nfds];
+			nfds++;
+		} else {
+			usage();
+		}
+	}
+	if (pid_fd < 0 || i >= argc)
+		usage();
+	argv += i;
+
+	/* Park everything high first so that a SRC equal to another DST is not clobbered. */
+	pid_fd = fcntl(pid_fd, F_DUPFD_CLOEXEC, HIGH_FD);
+	if (pid_fd < 0)
+		die("dup pid fd");
+	for (i = 0; i < nfds; i++) {
+		src[i] = fcntl(src[i], F_DUPFD_CLOEXEC, HIGH_FD);
+		if (src[i] < 0)
+			die("dup fd");
+	}
+	for (i = 0; i < nfds; i++)
+		if (dup2(src[i], dst[i]) < 0)
+			die("dup2");
+	close_above(max_dst + 1, HIGH_FD);
+	for (i = 0; i < nfds; i++)
+		close(src[i]);
+
+	if (netns) {
+		int nsfd = open(netns, O_RDONLY | O_CLOEXEC);
+
+		if (nsfd < 0 || setns(nsfd, CLONE_NEWNET) < 0)
+			die(netns);
+		close(nsfd);
+	}
+
+	/* Block before the fork so that no signal or SIGCHLD is lost before sigwaitinfo. */
+	sigemptyset(&set);
+	sigaddset(&set, SIGCHLD);
+	for (i = 0; i < (int)(sizeof(fwd_sigs) / sizeof(fwd_sigs[0])); i++)
+		sigaddset(&set, fwd_sigs[i]);
+	if (sigprocmask(SIG_BLOCK, &set, NULL) < 0)
+		die("sigprocmask");
+
+	if (unshare(CLONE_NEWPID) < 0)
+		die("unshare(CLONE_NEWPID)");
+	init = fork();
+	if (init < 0)
+		die("fork init");
+	if (init == 0) {
+		close(pid_fd);
+		_exit(run_init(argv, init_cwd, &set, max_dst));
+	}
+	snprintf(buf, sizeof(buf), "%d\n", (int)init);
+	if (write(pid_fd, buf, strlen(buf)) != (ssize_t)strlen(buf))
+		die("write pid");
+	close(pid_fd);
+	return 0;
+}

@@ -1,0 +1,260 @@
+"""Functional tests of the CRIU driver: real CRIU dumps and restores of real sandboxes.
+
+Skipped where no CRIU >= 4.1 with pycriu is installed (deploy/install-criu.sh).
+"""
+
+from __future__ import annotations
+
+import os
+import socket
+import stat
+import subprocess
+import threading
+import uuid
+from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import TypeVar
+
+import pytest
+
+from snapshotter.errors import CriuFailed, CriuUnavailable
+from snapshotter.sandbox import criu
+from snapshotter.sandbox.spawn import Sandbox
+from tests.functional import test_sandbox_spawn as base
+from tests.functional.test_sandbox_spawn import Lines, Sandboxes, ctl_roundtrip, last_int
+
+# The rank program and sandbox fixtures are shared with the spawn tests.
+subreaper = base.subreaper
+rank_py = base.rank_py
+sandboxes = base.sandboxes
+
+T = TypeVar("T")
+
+
+@pytest.fixture(autouse=True)
+def need_criu() -> None:
+    try:
+        criu.criu_binary()
+        criu._pycriu()
+    except CriuUnavailable as e:
+        pytest.skip(f"no usable CRIU here: {e}")
+
+
+def in_parallel(*calls: Callable[[], T]) -> list[T]:
+    """Run the calls in threads that start together; re-raise the first failure."""
+    barrier = threading.Barrier(len(calls))
+
+    def run(call: Callable[[], T]) -> T:
+        barrier.wait()
+        return call()
+
+    with ThreadPoolExecutor(len(calls)) as ex:
+        futures = [ex.submit(run, c) for c in calls]
+        return [f.result() for f in futures]
+
+
+def wait_ticks(out: Lines, more: int) -> int:
+    """Wait until `more` ticks after the last one seen; return the last tick seen."""
+    if not any(ln.startswith("tick ") for ln in out.lines):
+        out.wait_for(r"^tick ")
+    out.wait_for(rf"^tick {last_int(out.lines, 'tick') + more}\b")
+    return last_int(out.lines, "tick")
+
+
+@pytest.mark.timeout(120)
+def test_parallel_dumps_then_restore_continue(
+    sandboxes: Sandboxes, rank_py: Path, tmp_path: Path
+) -> None:
+    # Both ranks share a cwd; the inits have their own (spawn's init_cwd), which is what
+    # keeps CRIU's temporary proc.crtools directories of the two dumps apart.
+    work = tmp_path / "work"
+    work.mkdir()
+    originals = [sandboxes.spawn(rank_py, cwd=work) for _ in range(2)]
+    outs = [Lines(sb.io.stdout) for sb in originals]
+    before = [wait_ticks(out, 5) for out in outs]
+
+    stats = in_parallel(
+        *[
+            lambda i=i: criu.dump(
+                originals[i].pid,
+                tmp_path / f"img{i}",
+                leave_running=True,
+                log_dir=tmp_path / f"log{i}",
+            )
+            for i in range(2)
+        ]
+    )
+    for st in stats:
+        assert st.images_bytes > 0 and st.log_path.is_file()
+        assert st.frozen_time_us > 0
+    after = [wait_ticks(out, 3) for out in outs]  # left running: they go on counting
+    old_inodes = [sb.io.inodes for sb in originals]
+    for sb in originals:
+        sb.kill()
+        assert sb.wait(10) == -9
+
+    restored = in_parallel(
+        *[
+            lambda i=i: sandboxes.add(
+                criu.restore(tmp_path / f"img{i}", old_inodes[i], log_dir=tmp_path / f"rlog{i}")
+            )
+            for i in range(2)
+        ]
+    )
+    for i, sb in enumerate(restored):
+        assert sb.io.inodes.keys() == old_inodes[i].keys()
+        assert set(sb.io.inodes.values()).isdisjoint(old_inodes[i].values())
+        out = Lines(sb.io.stdout)
+        first = int(out.wait_for(r"^tick (\d+)$").group(1))
+        # Continues from the dump: not from 1, not past where the original got to.
+        assert before[i] < first <= after[i] + 1, (before[i], first, after[i])
+        out.wait_for(rf"^tick {first + 2}$")
+        Lines(sb.io.stderr).wait_for(r"^etick \d+$")
+        assert ctl_roundtrip(sb, f"ping {i}") == f"ping {i}"
+        status = Path(f"/proc/{sb.pid}/status").read_text()
+        assert f"PPid:\t{os.getpid()}\n" in status
+    # The restored init still forwards signals and propagates the rank's status.
+    for sb in restored:
+        sb.send_signal(15)
+        assert sb.wait(10) == 42
+
+
+@pytest.mark.timeout(120)
+def test_restore_a_copy_while_the_original_runs(
+    sandboxes: Sandboxes, rank_py: Path, tmp_path: Path
+) -> None:
+    original = sandboxes.spawn(rank_py)
+    out = Lines(original.io.stdout)
+    wait_ticks(out, 3)
+    criu.dump(original.pid, tmp_path / "img", leave_running=True, log_dir=tmp_path / "log")
+    # Two copies at once, from the same images, logging into the same directory.
+    copies: list[Sandbox] = in_parallel(
+        *[
+            lambda: sandboxes.add(
+                criu.restore(tmp_path / "img", original.io.inodes, log_dir=tmp_path / "l")
+            )
+            for _ in range(2)
+        ]
+    )
+    assert len({original.pid, *(c.pid for c in copies)}) == 3
+    copy_outs = [Lines(c.io.stdout) for c in copies]
+    for o in copy_outs:
+        wait_ticks(o, 2)
+    wait_ticks(out, 2)
+    # Independent control channels: each answers only what it was sent.
+    for name, sb in [("original", original), ("copy0", copies[0]), ("copy1", copies[1])]:
+        assert ctl_roundtrip(sb, f"who {name}") == f"who {name}"
+    copies[0].kill()
+    assert copies[0].wait(10) == -9
+    wait_ticks(out, 2)
+    wait_ticks(copy_outs[1], 2)
+    assert original.poll() is None and copies[1].poll() is None
+
+
+@pytest.mark.timeout(60)
+def test_dump_of_missing_pid_raises_criu_failed(tmp_path: Path) -> None:
+    pid_max = int(Path("/proc/sys/kernel/pid_max").read_text())
+    pid = next(p for p in range(pid_max - 1, 1, -1) if not os.path.exists(f"/proc/{p}"))
+    with pytest.raises(CriuFailed) as info:
+        criu.dump(pid, tmp_path / "img", leave_running=True, log_dir=tmp_path / "log")
+    err = info.value
+    assert err.action == "dump"
+    assert Path(err.log_path).is_file() and Path(err.log_path).parent == tmp_path / "log"
+    assert err.tail and any("Error" in ln for ln in err.tail)
+    assert err.__cause__ is not None  # pycriu's exception is kept
+    assert err.log_path in str(err)
+
+
+@pytest.mark.timeout(60)
+def test_dump_with_established_tcp_fails_and_leaves_the_rank_running(
+    sandboxes: Sandboxes, rank_py: Path, tmp_path: Path
+) -> None:
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        port = server.getsockname()[1]
+        sb = sandboxes.spawn(rank_py, "--tcp", str(port))
+        server.settimeout(10)
+        conn, _ = server.accept()
+        with conn:
+            out = Lines(sb.io.stdout)
+            wait_ticks(out, 2)
+            with pytest.raises(CriuFailed) as info:
+                criu.dump(sb.pid, tmp_path / "img", leave_running=False, log_dir=tmp_path / "l")
+            assert any("TCP" in ln or "tcp" in ln for ln in info.value.tail), info.value.tail
+            assert Path(info.value.log_path).is_file()
+            wait_ticks(out, 2)  # the failed dump let it go
+            assert sb.poll() is None
+
+
+@pytest.mark.timeout(120)
+def test_rank_with_worker_pipe_and_unlinked_shm_survives(
+    sandboxes: Sandboxes, rank_py: Path, tmp_path: Path
+) -> None:
+    # Like a DataLoader: a forked worker feeding the rank through a pipe, and an unlinked
+    # /dev/shm file (4 MiB: over CRIU's default 1 MiB ghost limit) mapped by the rank.
+    sb = sandboxes.spawn(rank_py, "--child", "--shm", "4")
+    out = Lines(sb.io.stdout)
+    out.wait_for(r"^child 3$")
+    out.wait_for(r"^tick \d+ shm-ok!$")
+    criu.dump(sb.pid, tmp_path / "img", leave_running=False, log_dir=tmp_path / "log")
+    assert sb.wait(10) == -9  # a freeze: CRIU kills the tree once it is dumped
+    out.drain(5)
+    assert out.eof
+    last_child, last_tick = last_int(out.lines, "child"), last_int(out.lines, "tick")
+
+    restored = sandboxes.add(criu.restore(tmp_path / "img", sb.io.inodes, log_dir=tmp_path / "l"))
+    new = Lines(restored.io.stdout)
+    # Exactly where the frozen one stopped: data in the worker pipe and in the rank's
+    # buffers came back with it.
+    first_child = int(new.wait_for(r"^child (\d+)$").group(1))
+    assert first_child == last_child + 1
+    assert int(new.wait_for(r"^tick (\d+)").group(1)) == last_tick + 1
+    new.wait_for(rf"^child {first_child + 3}$")
+    new.wait_for(r"^tick \d+ shm-ok!$")
+    (rank,) = Path(f"/proc/{restored.pid}/task/{restored.pid}/children").read_text().split()
+    assert len(Path(f"/proc/{rank}/task/{rank}/children").read_text().split()) == 1
+
+
+@pytest.mark.timeout(60)
+def test_old_criu_is_refused(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    fake = tmp_path / "criu"
+    fake.write_text("#!/bin/sh\necho 'Version: 3.17.1'\n")
+    fake.chmod(fake.stat().st_mode | stat.S_IXUSR)
+    monkeypatch.setenv(criu.ENV_VAR, str(fake))
+    with pytest.raises(CriuUnavailable, match="install-criu"):
+        criu.criu_binary()
+
+
+@pytest.mark.timeout(120)
+def test_move_between_network_namespaces(
+    sandboxes: Sandboxes, rank_py: Path, tmp_path: Path
+) -> None:
+    names = [f"snapt-{uuid.uuid4().hex[:8]}" for _ in range(2)]
+    made = []
+    try:
+        for name in names:
+            if subprocess.run(["ip", "netns", "add", name], capture_output=True).returncode:
+                pytest.skip("cannot create network namespaces here")
+            made.append(name)
+            # criu probes TCP repair over loopback at start: a node's netns has lo up.
+            subprocess.run(["ip", "-n", name, "link", "set", "lo", "up"], check=True)
+        sb = sandboxes.spawn(rank_py, netns=names[0])
+        out = Lines(sb.io.stdout)
+        wait_ticks(out, 2)
+        # criu enters the rank's network namespace itself: the namespace is not dumped.
+        criu.dump(sb.pid, tmp_path / "img", leave_running=False, log_dir=tmp_path / "log")
+        assert sb.wait(10) == -9
+        moved = sandboxes.add(
+            criu.restore(tmp_path / "img", sb.io.inodes, log_dir=tmp_path / "l", netns=names[1])
+        )
+        wait_ticks(Lines(moved.io.stdout), 2)
+        (rank,) = Path(f"/proc/{moved.pid}/task/{moved.pid}/children").read_text().split()
+        target = os.stat(f"/run/netns/{names[1]}").st_ino
+        for pid in (str(moved.pid), rank):
+            assert os.stat(f"/proc/{pid}/ns/net").st_ino == target
+            assert os.readlink(f"/proc/{pid}/ns/mnt") == os.readlink("/proc/self/ns/mnt")
+    finally:
+        sandboxes.cleanup()
+        sandboxes.all.clear()
+        for name in made:
+            subprocess.run(["ip", "netns", "delete", name], check=False)
