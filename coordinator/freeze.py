@@ -84,6 +84,8 @@ class FreezeOperation:
         s = self.settings
         t_start = time.monotonic()
         yield {"event": "phase", "phase": "prepare", "snapshot_id": self.snapshot_id}
+        # Refuse before touching the ranks when the snapshot could not be stored anyway.
+        next(iter(self.store.list_keys("snapshots/")), None)
         res, fail = on_all(
             self.agents, lambda a: a.call("Prepare", self._req(timeout=s.prepare_timeout),
                                           timeout=s.prepare_timeout + 10)

@@ -327,11 +327,11 @@ def _summary(sid: str, m: Any) -> Msg:
     return {
         "snapshot_id": sid,
         "job_id": meta.get("source_job"),
-        "created": m.created,
+        "created": m.created_at,
         "ranks": len(meta.get("ranks", [])),
         "nodes": meta.get("nodes", []),
-        "stored_bytes": m.stored_bytes,
-        "raw_bytes": m.raw_bytes,
+        "stored_bytes": m.stored_size,
+        "raw_bytes": m.raw_size,
         "stats": meta.get("stats", {}),
     }
 

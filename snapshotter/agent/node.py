@@ -39,12 +39,11 @@ from snapshotter.launch.spec import JobSpec
 from snapshotter.sandbox import criu
 from snapshotter.sandbox.spawn import Sandbox, become_subreaper, spawn
 from snapshotter.storage.api import ObjectStore
-from snapshotter.storage.transfer import SnapshotReader, SnapshotWriter
+from snapshotter.storage.transfer import Progress, SnapshotReader, SnapshotWriter
 
 log = logging.getLogger(__name__)
 
 Msg = dict[str, Any]
-Progress = Callable[[Msg], None]
 
 
 @dataclass
@@ -75,9 +74,6 @@ class NodeAgent:
         self._jobs: dict[str, NodeJob] = {}
         self._freezes: dict[str, _Freeze] = {}
         self._lock = threading.Lock()
-        # Dumps of sandboxes whose init shares a cwd must not overlap (CRIU's parasite makes a
-        # temporary directory there); forks of one snapshot share it.
-        self._cwd_locks: dict[str, threading.Lock] = {}
         become_subreaper()
 
     # ----------------------------------------------------------------- helpers
@@ -103,10 +99,6 @@ class NodeAgent:
 
     def _pool(self, n: int) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(max_workers=max(1, min(n, self.settings.dump_parallelism)))
-
-    def _cwd_lock(self, path: str) -> threading.Lock:
-        with self._lock:
-            return self._cwd_locks.setdefault(path, threading.Lock())
 
     def _new_rank(
         self, p: RankPlacement, sandbox: Sandbox, job_id: str, init_cwd: str
@@ -181,6 +173,8 @@ class NodeAgent:
 
     def prepare(self, job_id: str, freeze_id: str, timeout: float) -> Msg:
         job = self._running(job_id)
+        # Refuse before touching the ranks when the dump could not work anyway.
+        criu.criu_binary()
         if not job.op_lock.acquire(blocking=False):
             raise errors.FreezeRefused(
                 f"another freeze or thaw of job {job_id} is in progress",
@@ -250,8 +244,7 @@ class NodeAgent:
             images = fr.work / f"rank-{r.rank}"
             images.mkdir(parents=True, exist_ok=True)
             t0 = time.monotonic()
-            with self._cwd_lock(r.init_cwd):
-                criu.dump(r.sandbox.pid, images, leave_running=True, log_dir=logs / f"rank-{r.rank}")
+            criu.dump(r.sandbox.pid, images, leave_running=True, log_dir=logs / f"rank-{r.rank}")
             size = sum(f.stat().st_size for f in images.rglob("*") if f.is_file())
             rec = {
                 "rank": r.rank,
@@ -289,9 +282,12 @@ class NodeAgent:
         ev_lock = threading.Condition()
         result: dict[str, Any] = {}
 
-        def progress(info: Msg) -> None:
+        def progress(p: Progress) -> None:
+            ev = {"event": "progress", "node": self.settings.name, "stream": p.stream,
+                  "raw_bytes": p.total_raw_bytes, "stored_bytes": p.total_stored_bytes,
+                  "rate": p.raw_rate}
             with ev_lock:
-                events.append({"event": "progress", "node": self.settings.name, **info})
+                events.append(ev)
                 ev_lock.notify_all()
 
         def work() -> None:

@@ -1,0 +1,60 @@
+#!/usr/bin/env bash
+# Sets up a fresh Debian 12 or 13 machine (as root) for snapshotter, idempotently:
+#   system packages (compiler for csrc/, iproute2 for node namespaces),
+#   CRIU >= 4.1 and pycriu (deploy/install-criu.sh),
+#   a virtual environment with snapshotter and, with --with-job-deps, the demo/test job's own
+#   dependencies (the CPU build of torch==2.13.0: the job's dependency, not snapshotter's),
+#   and the sandbox init built from csrc/.
+# Usage: deploy/install.sh [--with-job-deps] [--test-deps]
+set -euo pipefail
+
+ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
+VENV=${SNAPSHOTTER_VENV:-$ROOT/.venv}
+PY=${PYTHON:-python3}
+JOB_DEPS=0
+TEST_DEPS=0
+for a in "$@"; do
+  case "$a" in
+    --with-job-deps) JOB_DEPS=1 ;;
+    --test-deps) TEST_DEPS=1; JOB_DEPS=1 ;;
+    *) echo "install.sh: unknown option $a" >&2; exit 2 ;;
+  esac
+done
+
+say() { printf '[install] %s\n' "$*"; }
+
+if [ "$(id -u)" -ne 0 ]; then
+  echo "install.sh: run as root (CRIU needs it; packages are installed system-wide)" >&2
+  exit 1
+fi
+
+need_pkgs=()
+command -v cc >/dev/null 2>&1 || need_pkgs+=(gcc libc6-dev)
+command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
+command -v nsenter >/dev/null 2>&1 || need_pkgs+=(util-linux)
+if [ ${#need_pkgs[@]} -gt 0 ]; then
+  say "installing system packages: ${need_pkgs[*]}"
+  apt-get update -qq
+  DEBIAN_FRONTEND=noninteractive apt-get install -y -qq --no-install-recommends "${need_pkgs[@]}"
+fi
+
+if [ ! -x "$VENV/bin/python" ]; then
+  say "creating virtual environment $VENV with $($PY --version)"
+  "$PY" -m venv "$VENV"
+fi
+PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+extras=""
+[ "$TEST_DEPS" = 1 ] && extras="[test]"
+say "installing snapshotter$extras into $VENV"
+"${PIP[@]}" -e "$ROOT$extras"
+if [ "$JOB_DEPS" = 1 ]; then
+  # Pinned: a bare `torch` would pull a multi-GB CUDA build.
+  say "installing the example job's dependencies (torch==2.13.0 CPU build, numpy)"
+  "${PIP[@]}" "torch==2.13.0" numpy
+fi
+
+bash "$ROOT/deploy/install-criu.sh" --python "$VENV/bin/python"
+
+say "building the sandbox init (csrc/snapinit.c)"
+"$VENV/bin/python" -c "from snapshotter.sandbox.initbin import snapinit_path; print(snapinit_path())"
+say "done"

@@ -1,0 +1,179 @@
+"""End to end: bad input and faults. Each gives one clear error naming the cause and the next
+step; the job keeps running where it was running, and no partial snapshot becomes visible."""
+
+from __future__ import annotations
+
+import os
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import ROOT, SnapCli, read_result
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+ARGS = ("--steps", "160", "--step-sleep", "0.03")
+
+
+def _store_files(home: Path) -> list[Path]:
+    store = home / "store"
+    return sorted(p for p in store.rglob("*") if p.is_file()) if store.exists() else []
+
+
+def test_unknown_ids(snap: SnapCli) -> None:
+    for args, needle in [
+        (("freeze", "no-such-job"), "no job with id 'no-such-job'"),
+        (("status", "no-such-job"), "no job with id"),
+        (("logs", "no-such-job"), "no job with id"),
+        (("thaw", "no-such-snap"), "no committed snapshot with id 'no-such-snap'"),
+        (("show", "no-such-snap"), "no committed snapshot"),
+        (("delete", "no-such-snap"), "no committed snapshot"),
+    ]:
+        p = snap.run(*args, check=False)
+        assert p.returncode == 3, (args, p.stderr)
+        assert needle in p.stderr and "next step:" in p.stderr, p.stderr
+    p = snap.run("freeze", "bad/id", check=False)
+    assert p.returncode in (2, 3) and "next step:" in p.stderr
+
+
+def test_freeze_of_a_finished_job_is_refused(snap: SnapCli, tmp_path: Path) -> None:
+    job = snap.start_job(tmp_path / "o.json", "--steps", "5")
+    assert snap.wait(job)["state"] == "SUCCEEDED"
+    p = snap.run("freeze", job, check=False)
+    assert p.returncode == 5, p.stderr
+    assert "SUCCEEDED" in p.stderr and "only a running job can be frozen" in p.stderr
+    assert snap.json("list")["snapshots"] == []
+    assert _store_files(snap.home) == []
+
+
+def test_concurrent_freeze_refused_and_quiesce_deadline(snap: SnapCli, tmp_path: Path) -> None:
+    """A job in a long phase without collectives never reaches the barrier: the freeze fails at
+    its deadline, a second freeze meanwhile is refused, and the job goes on, unharmed."""
+    out = tmp_path / "o.json"
+    job = snap.start_job(out, *ARGS, "--pause-at", "30", "--pause-s", "25")
+    snap.wait_step(job, 30)
+    first = subprocess.Popen(
+        [sys.executable, "-m", "snapshotter", "freeze", job, "--quiesce-timeout", "8"],
+        env=snap.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )
+    try:
+        assert first.stderr is not None
+        seen = []
+        for line in first.stderr:
+            seen.append(line)
+            if "quiesce" in line:
+                break
+        assert any("quiesce" in s for s in seen), seen
+        second = snap.run("freeze", job, check=False)
+        assert second.returncode == 5, second.stderr
+        assert "another freeze or thaw of job" in second.stderr
+        rest = first.stderr.read()
+        first.wait(60)
+    finally:
+        if first.poll() is None:
+            first.kill()
+    assert first.returncode == 6, rest
+    assert "did not reach collective barrier" in rest and "left running" in rest
+    assert snap.json("status", job)["state"] == "RUNNING"
+    assert snap.json("list")["snapshots"] == []
+    assert _store_files(snap.home) == []
+    st = snap.wait(job)
+    assert st["state"] == "SUCCEEDED", st
+    # Same numbers as an undisturbed run of the same script.
+    ref = tmp_path / "ref.json"
+    ref_job = snap.start_job(ref, *ARGS)
+    assert snap.wait(ref_job)["state"] == "SUCCEEDED"
+    assert read_result(out) == read_result(ref)
+
+
+def test_failed_criu_dump_reports_log_and_job_continues(snap: SnapCli) -> None:
+    """The job holds a TCP connection of its own: CRIU refuses to dump it."""
+    script = ROOT / "tests" / "support" / "jobs" / "holds_tcp.py"
+    job = snap.run("run", "--detach", "--nproc-per-node", "2", str(script)).stdout.split()[-1]
+    deadline = time.monotonic() + 60
+    while "step 20 " not in (snap.log_path(job).read_text() if snap.log_path(job).exists() else ""):
+        assert time.monotonic() < deadline, "job did not start"
+        time.sleep(0.2)
+    p = snap.run("freeze", job, check=False)
+    assert p.returncode == 10, p.stderr
+    assert "criu dump failed; log:" in p.stderr and "last errors:" in p.stderr
+    log_path = p.stderr.split("log:", 1)[1].split()[0]
+    assert os.path.exists(log_path), log_path
+    assert snap.json("list")["snapshots"] == []
+    st = snap.wait(job)
+    assert st["state"] == "SUCCEEDED", st
+    assert "rank 0 done total 600.0" in snap.log_path(job).read_text()
+
+
+def test_criu_too_old_refuses_before_touching_the_job(tmp_path: Path) -> None:
+    from tests.conftest import _criu_ready
+
+    if _criu_ready():
+        pytest.skip(_criu_ready())
+    fake = tmp_path / "criu"
+    fake.write_text("#!/bin/sh\necho 'Version: 3.17.1'\n")
+    fake.chmod(0o755)
+    cli = SnapCli(tmp_path / "home", {"SNAPSHOTTER_CRIU": str(fake)})
+    try:
+        out = tmp_path / "o.json"
+        job = cli.start_job(out, *ARGS)
+        cli.wait_step(job, 10)
+        p = cli.run("freeze", job, check=False)
+        assert p.returncode == 9, p.stderr
+        assert "3.17" in p.stderr and "install-criu.sh" in p.stderr
+        assert cli.json("status", job)["state"] == "RUNNING"
+        assert cli.wait(job)["state"] == "SUCCEEDED"
+        assert _store_files(cli.home) == []
+    finally:
+        cli.close()
+
+
+def test_storage_unreachable_fails_cleanly(tmp_path: Path) -> None:
+    from tests.conftest import _criu_ready
+
+    if _criu_ready():
+        pytest.skip(_criu_ready())
+    import socket
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()  # nothing listens there
+    env = {
+        "SNAPSHOTTER_STORE": "s3://nobucket/snaps",
+        "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+        "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y", "AWS_REGION": "us-east-1",
+    }
+    cli = SnapCli(tmp_path / "home", env)
+    try:
+        out = tmp_path / "o.json"
+        job = cli.start_job(out, *ARGS)
+        cli.wait_step(job, 10)
+        p = cli.run("freeze", job, "--stop", check=False)
+        assert p.returncode == 8, p.stderr
+        assert f"127.0.0.1:{port}" in p.stderr and "next step:" in p.stderr
+        assert cli.json("status", job)["state"] == "RUNNING"
+        assert cli.wait(job)["state"] == "SUCCEEDED"
+    finally:
+        cli.close()
+
+
+def test_corrupt_chunk_fails_thaw_before_any_process_starts(snap: SnapCli, tmp_path: Path) -> None:
+    job = snap.start_job(tmp_path / "o.json", *ARGS)
+    snap.wait_step(job, 20)
+    snapshot = snap.run("freeze", job, "--stop").stdout.strip().splitlines()[-1]
+    chunks = [p for p in _store_files(snap.home) if "/chunks/" in str(p)]
+    victim = chunks[len(chunks) // 2]
+    data = bytearray(victim.read_bytes())
+    data[len(data) // 2] ^= 0xFF
+    victim.write_bytes(bytes(data))
+    p = snap.run("thaw", snapshot, check=False)
+    assert p.returncode == 7, p.stderr
+    assert snapshot in p.stderr and "chunk" in p.stderr and "next step:" in p.stderr
+    jobs = snap.json("jobs")["jobs"]
+    assert [j["state"] for j in jobs] == ["FROZEN"]  # no thawed job, no running rank
+    assert all(r["exit_code"] is not None for j in jobs for r in j["ranks"])
+    assert snapshot in [s["snapshot_id"] for s in snap.json("list")["snapshots"]]

@@ -1,0 +1,119 @@
+"""End to end: a real 2-rank gloo DDP job (DataLoader workers, AdamW, dropout), launched by
+`snapshotter run` from a script that knows nothing of snapshotter, frozen with real CRIU and
+thawed; its final parameters must be bit-identical to an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import SnapCli, read_result
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
+
+STEPS = "240"
+ARGS = ("--steps", STEPS, "--step-sleep", "0.03")
+
+
+@pytest.fixture(scope="module")
+def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
+    """The uninterrupted run every test compares against (launched the same way)."""
+    from tests.conftest import _criu_ready
+
+    if _criu_ready():
+        pytest.skip(_criu_ready())
+    base = tmp_path_factory.mktemp("ref")
+    cli = SnapCli(base / "home")
+    try:
+        job = cli.start_job(base / "ref.json", *ARGS)
+        st = cli.wait(job)
+        assert st["state"] == "SUCCEEDED", st
+        yield read_result(base / "ref.json")
+    finally:
+        cli.close()
+
+
+def _store_files(home: Path) -> list[str]:
+    store = home / "store"
+    return sorted(str(p.relative_to(store)) for p in store.rglob("*") if p.is_file())
+
+
+def test_freeze_stop_then_thaw_is_bit_identical(snap: SnapCli, tmp_path: Path,
+                                                reference: dict) -> None:
+    out = tmp_path / "out.json"
+    job = snap.start_job(out, *ARGS)
+    at = snap.wait_step(job, 60)
+    fr = snap.run("freeze", job, "--stop")
+    snapshot = fr.stdout.strip().splitlines()[-1]
+    st = snap.json("status", job)
+    assert st["state"] == "FROZEN"
+    frozen_at = snap.last_step(job)
+    assert at <= frozen_at < int(STEPS), "the job must have been frozen mid-run"
+    assert not out.exists()
+
+    listed = snap.json("list")["snapshots"]
+    assert [s["snapshot_id"] for s in listed] == [snapshot]
+    shown = snap.json("show", snapshot)
+    assert shown["ranks"] == 2 and shown["stored_bytes"] > 0
+
+    th = snap.run("thaw", snapshot)
+    assert th.stdout.strip().splitlines()[-1] == job  # the job continues under its own id
+    st = snap.wait(job)
+    assert st["state"] == "SUCCEEDED", st
+    assert read_result(out) == reference
+    # The log shows one uninterrupted sequence of steps across the freeze.
+    steps = [int(line.split()[3]) for line in snap.log_path(job).read_text().splitlines()
+             if line.startswith("rank 0 step ")]
+    assert steps == list(range(1, int(STEPS) + 1))
+
+
+def test_freeze_and_continue_is_bit_identical(snap: SnapCli, tmp_path: Path,
+                                              reference: dict) -> None:
+    out = tmp_path / "out.json"
+    job = snap.start_job(out, *ARGS)
+    snap.wait_step(job, 40)
+    res = snap.json("freeze", job)
+    assert res["stopped"] is False and res["stats"]["stall_s"] is not None
+    assert snap.json("status", job)["state"] in ("RUNNING", "SUCCEEDED")
+    st = snap.wait(job)
+    assert st["state"] == "SUCCEEDED", st
+    assert read_result(out) == reference
+    assert res["snapshot_id"] in [s["snapshot_id"] for s in snap.json("list")["snapshots"]]
+
+
+def test_thaw_a_fork_while_the_original_runs(snap: SnapCli, tmp_path: Path,
+                                             reference: dict) -> None:
+    out = tmp_path / "out.json"
+    job = snap.start_job(out, *ARGS)
+    snap.wait_step(job, 40)
+    snapshot = snap.run("freeze", job).stdout.strip().splitlines()[-1]
+    # The fork is the same process image, so it writes the same --out path: check the
+    # original's result first, then the fork's.
+    fork = snap.run("thaw", snapshot).stdout.strip().splitlines()[-1]
+    assert fork != job and fork.startswith(job)
+    st = snap.wait(job)
+    assert st["state"] == "SUCCEEDED", st
+    assert read_result(out) == reference
+    out.unlink()
+    st = snap.wait(fork)
+    assert st["state"] == "SUCCEEDED", st
+    assert read_result(out) == reference
+    # Each job kept its own log; the fork's continues after the freeze point.
+    fork_steps = [ln for ln in snap.log_path(fork).read_text().splitlines()
+                  if ln.startswith("rank 0 step ")]
+    assert fork_steps and fork_steps[-1].startswith(f"rank 0 step {STEPS} ")
+
+
+def test_delete_makes_snapshot_invisible(snap: SnapCli, tmp_path: Path) -> None:
+    job = snap.start_job(tmp_path / "o.json", *ARGS)
+    snap.wait_step(job, 20)
+    snapshot = snap.run("freeze", job, "--stop").stdout.strip().splitlines()[-1]
+    assert any(snapshot in f for f in _store_files(snap.home))
+    snap.run("delete", snapshot)
+    assert snap.json("list")["snapshots"] == []
+    assert not any(snapshot in f for f in _store_files(snap.home))
+    p = snap.run("thaw", snapshot, check=False)
+    assert p.returncode == 3 and "no committed snapshot" in p.stderr

@@ -1,0 +1,124 @@
+"""Drives the real `snapshotter` CLI against an isolated embedded daemon, for end-to-end tests.
+
+Each `SnapCli` has its own SNAPSHOTTER_HOME, so its daemon, jobs, logs and local store are its
+own. `close()` stops the daemon and every rank it started, by pid, also when a test failed.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[2]
+TRAIN = ROOT / "examples" / "train_ddp.py"
+
+
+class SnapCli:
+    def __init__(self, home: Path, extra_env: dict[str, str] | None = None) -> None:
+        self.home = home
+        self.env = dict(os.environ)
+        self.env.update({"SNAPSHOTTER_HOME": str(home), "PYTHONUNBUFFERED": "1"})
+        self.env.pop("SNAPSHOTTER_COORDINATOR", None)
+        self.env.pop("SNAPSHOTTER_STORE", None)
+        if extra_env:
+            self.env.update(extra_env)
+        self._pids: set[int] = set()
+
+    def run(
+        self, *args: str, check: bool = True, timeout: float = 300, cwd: Path | None = None
+    ) -> subprocess.CompletedProcess[str]:
+        p = subprocess.run(
+            [sys.executable, "-m", "snapshotter", *args],
+            env=self.env, cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout,
+        )
+        self._remember()
+        if check and p.returncode != 0:
+            raise AssertionError(
+                f"snapshotter {' '.join(args)} exited {p.returncode}\n"
+                f"stdout:\n{p.stdout}\nstderr:\n{p.stderr}"
+            )
+        return p
+
+    def json(self, *args: str, check: bool = True, timeout: float = 300) -> Any:
+        p = self.run(*args, "--json", check=check, timeout=timeout)
+        return json.loads(p.stdout.strip().splitlines()[-1])
+
+    def start_job(self, out: Path, *train_args: str, job_id: str | None = None,
+                  nproc: int = 2) -> str:
+        args = ["run", "--detach", "--nproc-per-node", str(nproc)]
+        if job_id:
+            args += ["--job-id", job_id]
+        p = self.run(*args, str(TRAIN), "--out", str(out), *train_args)
+        return p.stdout.strip().splitlines()[-1]
+
+    def log_path(self, job: str, rank: int = 0) -> Path:
+        return self.home / "jobs" / job / "logs" / f"rank-{rank}.log"
+
+    def last_step(self, job: str, rank: int = 0) -> int:
+        try:
+            text = self.log_path(job, rank).read_text(errors="replace")
+        except OSError:
+            return 0
+        steps = re.findall(rf"rank {rank} step (\d+) ", text)
+        return int(steps[-1]) if steps else 0
+
+    def wait_step(self, job: str, step: int, timeout: float = 120) -> int:
+        deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            s = self.last_step(job)
+            if s >= step:
+                return s
+            time.sleep(0.2)
+        raise AssertionError(
+            f"job {job} did not reach step {step} in {timeout}s; log:\n"
+            + (self.log_path(job).read_text(errors="replace")[-3000:]
+               if self.log_path(job).exists() else "(no log)")
+        )
+
+    def wait(self, job: str, timeout: float = 300) -> dict[str, Any]:
+        st: dict[str, Any] = self.json("wait", job, "--timeout", str(timeout),
+                                       check=False, timeout=timeout + 60)
+        return st
+
+    def _daemon_pid(self) -> int | None:
+        try:
+            return int(json.loads((self.home / "daemon.json").read_text())["pid"])
+        except (OSError, ValueError, KeyError):
+            return None
+
+    def _remember(self) -> None:
+        pid = self._daemon_pid()
+        if pid:
+            self._pids.add(pid)
+
+    def rank_pids(self) -> list[int]:
+        if self._daemon_pid() is None:
+            return []
+        p = self.run("jobs", "--json", check=False, timeout=60)
+        try:
+            jobs = json.loads(p.stdout.strip().splitlines()[-1])["jobs"]
+        except (ValueError, IndexError, KeyError):
+            return []
+        return [r["pid"] for j in jobs for r in j["ranks"] if r.get("exit_code") is None]
+
+    def close(self) -> None:
+        ranks = self.rank_pids()
+        if self._daemon_pid() is not None:
+            self.run("down", "--force", check=False, timeout=120)
+        for pid in [*ranks, *self._pids]:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except (ProcessLookupError, PermissionError):
+                pass
+
+
+def read_result(path: Path) -> dict[str, Any]:
+    result: dict[str, Any] = json.loads(path.read_text())
+    return result
