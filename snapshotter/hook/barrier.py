@@ -1,0 +1,261 @@
+"""The quiesce barrier: where a rank's collectives stop so its communicators can be torn down.
+
+Every collective a rank issues passes through `QuiesceBarrier.enter` (before it is issued) and
+`QuiesceBarrier.complete` (when its work finishes). On a freeze the agent asks for the per-group
+counts of issued collectives (`prepare`), picks for every group one sequence number past the
+maximum over the ranks, and hands it back (`arm`). The thread about to issue that collective
+blocks; once it blocks and nothing this rank issued is still in flight, the rank is quiesced and
+`on_parked` fires once. The agent then tears communicators down (`suspend`) and later rebuilds
+them (`release`), or gives up (`abort`), which lets the parked thread go with the communicators
+it already had.
+
+Between `prepare` and `arm` every thread that is about to issue a collective holds, so that no
+rank can run past the maximum it just reported; without the hold a rank would race through the
+chosen target while the agent is still computing it. A hold that is never followed by `arm` or
+`abort` is let go by `expire_hold`.
+
+This module knows nothing of torch or of the control channel; it must never do I/O.
+"""
+
+from __future__ import annotations
+
+import enum
+import threading
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+
+
+class State(enum.Enum):
+    """Where a rank is in a freeze.
+
+    ::
+
+        IDLE --prepare--> HOLDING --arm--> ARMED --quiesced--> PARKED --suspend--> SUSPENDED
+         ^  <--abort/expire--'              |                    |                    |
+         |  <--------------abort------------'                    |                    |
+         |  <--------------abort---------------------------------'                    |
+         '  <--------------release (resume)-------------------------------------------'
+
+    `arm` is also accepted from IDLE (no hold). `arm` goes straight to PARKED when the rank owns
+    no process group, or when a thread already holds at its target and nothing is in flight.
+    In HOLDING, PARKED and SUSPENDED every collective waits; in ARMED only the one at a target.
+    """
+
+    IDLE = "idle"
+    HOLDING = "holding"
+    ARMED = "armed"
+    PARKED = "parked"
+    SUSPENDED = "suspended"
+
+
+@dataclass(frozen=True)
+class ParkPoint:
+    """The collective a thread stopped before: the `seq`-th issued on group `group`."""
+
+    group: str
+    seq: int
+
+
+class BarrierError(Exception):
+    """A request that does not fit the barrier's current state; nothing was changed."""
+
+
+ParkedCallback = Callable[[str, "ParkPoint | None"], None]
+
+
+class QuiesceBarrier:
+    """Counts collectives per group and parks the thread that reaches an armed target.
+
+    Thread-safe. `on_parked(freeze_id, at)` is called exactly once per armed freeze, outside the
+    lock, from whichever thread made the rank quiesced (the parking thread, the thread finishing
+    the last in-flight collective, or the caller of `arm`).
+    """
+
+    def __init__(self, on_parked: ParkedCallback) -> None:
+        self._on_parked = on_parked
+        self._cond = threading.Condition()
+        self._state = State.IDLE
+        self._issued: dict[str, int] = {}
+        self._in_flight = 0
+        self._targets: dict[str, int] = {}
+        self._freeze: str = ""
+        self._parked_at: ParkPoint | None = None
+
+    # ---- group lifecycle -------------------------------------------------------------------
+
+    def add_group(self, key: str) -> None:
+        with self._cond:
+            self._issued.setdefault(key, 0)
+
+    def remove_group(self, key: str) -> None:
+        with self._cond:
+            self._issued.pop(key, None)
+
+    # ---- the collective path ---------------------------------------------------------------
+
+    def enter(self, key: str) -> int:
+        """Block while this collective may not be issued; then count it and return its seq.
+
+        Raises:
+            BarrierError: the group is unknown or was destroyed while the thread waited.
+        """
+        with self._cond:
+            while True:
+                if key not in self._issued:
+                    raise BarrierError(f"collective on unknown or destroyed group {key!r}")
+                seq = self._issued[key] + 1
+                if not self._must_wait(key, seq):
+                    break
+                if (
+                    self._state is State.ARMED
+                    and self._parked_at is None
+                    and self._targets.get(key) == seq
+                ):
+                    self._parked_at = ParkPoint(key, seq)
+                    report = self._quiesced_locked()
+                    if report is not None:
+                        self._cond.release()
+                        try:
+                            self._on_parked(*report)
+                        finally:
+                            self._cond.acquire()
+                    continue  # the state may have moved while the lock was let go
+                self._cond.wait()
+            self._issued[key] = seq
+            self._in_flight += 1
+            return seq
+
+    def complete(self, key: str) -> None:
+        """A collective issued through `enter` finished (successfully or not)."""
+        report: tuple[str, ParkPoint | None] | None = None
+        with self._cond:
+            self._in_flight -= 1
+            if self._state is State.ARMED and self._parked_at is not None:
+                report = self._quiesced_locked()
+        if report is not None:
+            self._on_parked(*report)
+
+    def _must_wait(self, key: str, seq: int) -> bool:
+        if self._state in (State.HOLDING, State.PARKED, State.SUSPENDED):
+            return True
+        if self._state is State.ARMED:
+            return self._targets.get(key) == seq
+        return False
+
+    def _quiesced_locked(self) -> tuple[str, ParkPoint | None] | None:
+        if self._in_flight == 0 and (self._parked_at is not None or not self._issued):
+            self._state = State.PARKED
+            self._cond.notify_all()
+            return (self._freeze, self._parked_at)
+        return None
+
+    # ---- the control path ------------------------------------------------------------------
+
+    @property
+    def state(self) -> State:
+        with self._cond:
+            return self._state
+
+    def counts(self) -> dict[str, int]:
+        with self._cond:
+            return dict(self._issued)
+
+    def prepare(self, freeze_id: str) -> dict[str, int]:
+        """Start holding every new collective and return the issued counts per group."""
+        with self._cond:
+            if self._state not in (State.IDLE, State.HOLDING):
+                raise BarrierError(
+                    f"cannot prepare freeze {freeze_id!r}: barrier is {self._state.value}"
+                )
+            self._state = State.HOLDING
+            self._freeze = freeze_id
+            return dict(self._issued)
+
+    def arm(self, freeze_id: str, targets: Mapping[str, int]) -> None:
+        """Park the thread that is about to issue collective `targets[g]` on group `g`.
+
+        Raises:
+            BarrierError: the barrier is not idle or holding, or this rank already issued a
+                target (it reported a stale count); the barrier is back to IDLE in that case.
+        """
+        report: tuple[str, ParkPoint | None] | None = None
+        with self._cond:
+            if self._state not in (State.IDLE, State.HOLDING):
+                raise BarrierError(
+                    f"cannot arm freeze {freeze_id!r}: barrier is {self._state.value}"
+                )
+            mine = {k: int(v) for k, v in targets.items() if k in self._issued}
+            passed = {k: v for k, v in mine.items() if self._issued[k] >= v}
+            if passed:
+                self._to_idle_locked()
+                detail = ", ".join(
+                    f"group {k} target {v} but {self._issued[k]} already issued"
+                    for k, v in sorted(passed.items())
+                )
+                raise BarrierError(f"freeze {freeze_id!r}: target already passed ({detail})")
+            self._state = State.ARMED
+            self._freeze = freeze_id
+            self._targets = mine
+            self._parked_at = None
+            # Wake the holders: each re-checks, and one holding at exactly its target parks.
+            self._cond.notify_all()
+            if not self._issued:
+                report = self._quiesced_locked()
+        if report is not None:
+            self._on_parked(*report)
+
+    def abort(self, freeze_id: str) -> None:
+        """Let every held or parked thread go; communicators are untouched.
+
+        Raises:
+            BarrierError: the communicators were already torn down (recover with `release`).
+        """
+        with self._cond:
+            if self._state is State.SUSPENDED:
+                raise BarrierError(
+                    f"cannot abort freeze {freeze_id!r}: communicators are torn down; "
+                    "resume instead"
+                )
+            self._to_idle_locked()
+
+    def expire_hold(self, freeze_id: str) -> bool:
+        """Let go of a hold that `arm` never followed; True if it was still holding."""
+        with self._cond:
+            if self._state is State.HOLDING and self._freeze == freeze_id:
+                self._to_idle_locked()
+                return True
+            return False
+
+    def suspend(self, freeze_id: str) -> None:
+        """Mark the communicators as torn down (the caller tears them down right after).
+
+        Raises:
+            BarrierError: the rank is not parked.
+        """
+        with self._cond:
+            if self._state is not State.PARKED:
+                raise BarrierError(
+                    f"cannot suspend freeze {freeze_id!r}: barrier is {self._state.value}, "
+                    "not parked"
+                )
+            self._state = State.SUSPENDED
+
+    def release(self, freeze_id: str) -> None:
+        """Communicators are rebuilt: let the parked thread issue its collective.
+
+        Raises:
+            BarrierError: the rank is not suspended.
+        """
+        with self._cond:
+            if self._state is not State.SUSPENDED:
+                raise BarrierError(
+                    f"cannot resume freeze {freeze_id!r}: barrier is {self._state.value}, "
+                    "not suspended"
+                )
+            self._to_idle_locked()
+
+    def _to_idle_locked(self) -> None:
+        self._state = State.IDLE
+        self._targets = {}
+        self._parked_at = None
+        self._cond.notify_all()

@@ -1,0 +1,418 @@
+"""Process groups whose real communicator can be torn down and rebuilt under a live handle.
+
+What the script holds is a `ResumableProcessGroup`: a Python subclass of
+`torch.distributed.ProcessGroup` that owns no communicator itself. Every collective and p2p call
+is forwarded to an *inner* plain `ProcessGroup` with a real `ProcessGroupGloo` backend
+registered on it (the pattern of torchft's reconfigurable process groups). The inner group can
+be dropped (`teardown`, its sockets close with it) and replaced (`rebuild`); the handle the
+script, DDP's Reducer and DeviceMesh hold never changes. Each call passes the quiesce barrier
+first, which counts it and, during a freeze, parks it.
+
+How the handle gets into the script without touching it (`install`):
+
+* `distributed_c10d.ProcessGroupGloo` is replaced by a factory whose instances pass
+  `isinstance(x, ProcessGroupGloo)`. `_new_process_group_helper` then takes its branch "if the
+  type is a subclass of ProcessGroup then return this process group immediately", so the
+  default group, every `new_group` and every DeviceMesh group is a ResumableProcessGroup, and
+  `dist.get_backend()` still says "gloo".
+* `_new_process_group_helper` is wrapped to learn each group's name (the GROUP_KEY: identical on
+  all ranks, unlike a local creation index, which non-member ranks would skip).
+* C++ callers reach the Python overrides through pybind's `PyProcessGroup` trampoline:
+  `allreduce` (DDP's Reducer), `broadcast` (`_broadcast_coalesced`), `allgather`
+  (`_verify_params_across_processes`), `barrier`, `send`/`recv`, the coalesced variants and
+  `alltoall_base`. The outer group also carries a `FakeProcessGroup` backend created with
+  `error_on_collective=True`, registered as GLOO, because DDP's logger and other C++ code look a
+  backend up by type. A C++ path that skips the trampoline (e.g. functional
+  `all_gather_into_tensor`, which calls the non-virtual-in-Python `_allgather_base`) lands on
+  that backend and raises instead of silently doing nothing.
+
+Not resumable, and refused loudly: multi-backend groups ("cpu:gloo,cuda:nccl"), NCCL,
+`split_group`/`merge_remote_group`, the coalescing manager on the outer group.
+
+Imports only stdlib and torch.
+"""
+
+from __future__ import annotations
+
+import contextvars
+import threading
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import timedelta
+from typing import Any
+
+import torch
+import torch.distributed as dist
+import torch.distributed.distributed_c10d as c10d
+from torch._C._distributed_c10d import FakeProcessGroup
+
+from snapshotter.hook.barrier import QuiesceBarrier
+from snapshotter.hook.sockets import Owned
+
+_REAL_GLOO: Any = c10d.ProcessGroupGloo
+BACKEND_NAME = "snapshotter-gloo"
+_GLOO = dist.ProcessGroup.BackendType.GLOO
+
+# Every entry point of torch.distributed that issues a collective or p2p op on a group.
+COLLECTIVES = (
+    "allreduce",
+    "allreduce_coalesced",
+    "broadcast",
+    "reduce",
+    "allgather",
+    "_allgather_base",
+    "all_gather_single",
+    "allgather_coalesced",
+    "allgather_into_tensor_coalesced",
+    "all_gather_single_coalesced",
+    "gather",
+    "scatter",
+    "reduce_scatter",
+    "_reduce_scatter_base",
+    "reduce_scatter_single",
+    "reduce_scatter_tensor_coalesced",
+    "reduce_scatter_single_coalesced",
+    "alltoall",
+    "alltoall_base",
+    "all_to_all_single",
+    "send",
+    "recv",
+    "recv_anysource",
+    "barrier",
+    "monitored_barrier",
+)
+
+# Methods that would need a communicator we cannot rebuild; they fail with this message.
+REFUSED = {
+    "split_group": "split_group (communicator splitting)",
+    "merge_remote_group": "merge_remote_group",
+    "_start_coalescing": "the coalescing manager (_coalescing_manager / batch_isend_irecv)",
+    "_end_coalescing": "the coalescing manager (_coalescing_manager / batch_isend_irecv)",
+}
+
+
+class NotResumable(RuntimeError):
+    """The script used a torch.distributed feature that snapshotter cannot make resumable."""
+
+
+@dataclass
+class _Creating:
+    group_name: str
+    global_ranks: list[int]
+    backend: str
+
+
+_creating: contextvars.ContextVar[_Creating | None] = contextvars.ContextVar(
+    "snapshotter_creating", default=None
+)
+
+
+@dataclass
+class _Options:
+    """Stands in for `ProcessGroupGloo.options`, which the helper writes to."""
+
+    global_ranks_in_group: list[int] = field(default_factory=list)
+    group_name: str = ""
+    _timeout: timedelta = timedelta(minutes=30)
+
+
+def _devices() -> list[torch.device]:
+    devs = [torch.device("cpu")]
+    if torch.cuda.is_available():
+        devs.append(torch.device("cuda"))
+    return devs
+
+
+class ResumableProcessGroup(dist.ProcessGroup):
+    """The handle a script holds; forwards to a rebuildable inner gloo group."""
+
+    def __init__(
+        self,
+        registry: GroupRegistry,
+        key: str,
+        store: dist.Store,
+        rank: int,
+        size: int,
+        timeout: timedelta,
+        global_ranks: list[int],
+    ) -> None:
+        init: Any = super().__init__
+        init(rank, size)  # only (rank, size) builds pybind's trampoline instance
+        self._registry = registry
+        self._key = key
+        self._timeout = timeout
+        self._global_ranks = list(global_ranks)
+        self._inner: Any = None
+        self._inner_lock = threading.Lock()
+        self.options = _Options(list(global_ranks), key, timeout)
+        self._set_default_backend(_GLOO)
+        fake_opts: Any = FakeProcessGroup.Options()  # type: ignore[call-arg]
+        fake_opts.error_on_collective = True
+        # Keep the fake alive on the Python side too: the C++ map holds only its C++ half.
+        create: Any = FakeProcessGroup._create_internal
+        self._fake = create(rank, size, fake_opts)
+        for dev in _devices():
+            self._register_backend(dev, _GLOO, self._fake)
+
+    @property
+    def key(self) -> str:
+        return self._key
+
+    def getBackendName(self) -> str:  # noqa: N802 (the C++ name the trampoline looks up)
+        # C++ code that sees "gloo" static_casts the registered backend to ProcessGroupGloo
+        # (DDP's Logger reads its thread count); ours is a FakeProcessGroup, so never say "gloo"
+        # there. Python's dist.get_backend() reads torch's own table and still says "gloo".
+        return BACKEND_NAME
+
+    # ---- communicator lifecycle ----------------------------------------------------------
+
+    def _build(self, store: dist.Store) -> None:
+        owned = self._registry.owned
+        with owned.track():
+            backend = _REAL_GLOO(store, self.rank(), self.size(), timeout=self._timeout)
+            backend.options.global_ranks_in_group = self._global_ranks
+            backend.options.group_name = self._key
+            backend._set_sequence_number_for_group()
+        inner = dist.ProcessGroup(store, self.rank(), self.size())
+        inner._set_default_backend(_GLOO)
+        for dev in _devices():
+            inner._register_backend(dev, _GLOO, backend)
+        with self._inner_lock:
+            self._inner = inner
+
+    def _teardown(self) -> None:
+        with self._inner_lock:
+            self._inner = None
+
+    def _current(self) -> Any:
+        inner = self._inner
+        if inner is None:
+            raise RuntimeError(
+                f"snapshotter: process group {self._key!r} has no communicator "
+                "(torn down for a freeze, or destroyed)"
+            )
+        return inner
+
+    # ---- forwarding ----------------------------------------------------------------------
+
+    def _issue(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
+        barrier = self._registry.barrier
+        barrier.enter(self._key)
+        try:
+            work = getattr(self._current(), name)(*args, **kwargs)
+        except BaseException:
+            barrier.complete(self._key)
+            raise
+        if work is None:  # synchronous (monitored_barrier)
+            barrier.complete(self._key)
+            return work
+        key = self._key
+        try:
+            fut = work.get_future()
+        except RuntimeError:
+            # gloo's send/recv works have no future; completion is seen on wait().
+            return _TrackedWork(work, lambda: barrier.complete(key))
+        fut.add_done_callback(lambda _f: barrier.complete(key))
+        return work
+
+    def _set_sequence_number_for_group(self) -> None:
+        pass  # the inner backend got its own when it was built
+
+    def _get_sequence_number_for_group(self) -> int:
+        return self._current()._get_sequence_number_for_group()
+
+    def set_timeout(self, timeout: timedelta) -> None:
+        self._timeout = timeout
+        inner = self._inner
+        if inner is not None:
+            inner.set_timeout(timeout)
+
+    def shutdown(self) -> None:
+        self._registry.forget(self)
+        inner, self._inner = self._inner, None
+        if inner is not None:
+            inner.shutdown()
+
+    def abort(self) -> None:
+        self._registry.forget(self)
+        inner, self._inner = self._inner, None
+        if inner is not None:
+            inner.abort()
+
+
+def _forwarder(name: str) -> Callable[..., Any]:
+    def method(self: ResumableProcessGroup, *args: Any, **kwargs: Any) -> Any:
+        return self._issue(name, args, kwargs)
+
+    method.__name__ = name
+    return method
+
+
+def _refuser(name: str, what: str) -> Callable[..., Any]:
+    def method(self: ResumableProcessGroup, *args: Any, **kwargs: Any) -> Any:
+        raise NotResumable(
+            f"snapshotter: {what} is not supported on a resumable process group; "
+            "run without snapshotter or avoid it"
+        )
+
+    method.__name__ = name
+    return method
+
+
+for _name in COLLECTIVES:
+    setattr(ResumableProcessGroup, _name, _forwarder(_name))
+for _name, _what in REFUSED.items():
+    setattr(ResumableProcessGroup, _name, _refuser(_name, _what))
+
+
+class _TrackedWork(dist.Work):
+    """Wraps a work without a future: the barrier learns of its completion on `wait`."""
+
+    def __init__(self, work: dist.Work, done: Callable[[], None]) -> None:
+        super().__init__()
+        self._work: dist.Work | None = work
+        self._done: Callable[[], None] | None = done
+        self._lock = threading.Lock()
+
+    def _finish(self) -> None:
+        with self._lock:
+            done, self._done = self._done, None
+            self._work = None  # the work pins the gloo context (and its sockets)
+        if done is not None:
+            done()
+
+    def wait(self, timeout: timedelta | None = None) -> bool:
+        work = self._work
+        if work is None:
+            return True
+        ok = work.wait() if timeout is None else work.wait(timeout)
+        self._finish()
+        return bool(ok)
+
+    def is_completed(self) -> bool:
+        work = self._work
+        if work is None:
+            return True
+        if work.is_completed():
+            self._finish()
+            return True
+        return False
+
+    def is_success(self) -> bool:
+        work = self._work
+        return True if work is None else bool(work.is_success())
+
+    def exception(self) -> Any:
+        work = self._work
+        return None if work is None else work.exception()
+
+    def source_rank(self) -> int:
+        work = self._work
+        if work is None:
+            raise RuntimeError("snapshotter: source_rank() read after wait()")
+        return int(work._source_rank())
+
+
+class GroupRegistry:
+    """Every resumable group of this rank, in creation order, and what tears them down."""
+
+    def __init__(self, barrier: QuiesceBarrier, owned: Owned) -> None:
+        self.barrier = barrier
+        self.owned = owned
+        self._lock = threading.Lock()
+        self._groups: list[ResumableProcessGroup] = []
+
+    def groups(self) -> list[ResumableProcessGroup]:
+        with self._lock:
+            return list(self._groups)
+
+    def create(
+        self, ctx: _Creating, store: dist.Store, rank: int, size: int, timeout: timedelta
+    ) -> ResumableProcessGroup:
+        if "," in ctx.backend or ":" in ctx.backend:
+            raise NotResumable(
+                f"snapshotter: multi-backend process groups ({ctx.backend!r}) are not resumable"
+            )
+        pg = ResumableProcessGroup(
+            self, ctx.group_name, store, rank, size, timeout, ctx.global_ranks
+        )
+        pg._build(store)
+        with self._lock:
+            self._groups.append(pg)
+        self.barrier.add_group(pg.key)
+        return pg
+
+    def forget(self, pg: ResumableProcessGroup) -> None:
+        with self._lock:
+            if pg in self._groups:
+                self._groups.remove(pg)
+        self.barrier.remove_group(pg.key)
+
+    def teardown_all(self) -> None:
+        for pg in reversed(self.groups()):
+            pg._teardown()
+
+    def rebuild_all(self, store: dist.Store, epoch: int | str) -> None:
+        """Rebuild every group's communicator, in creation order (gloo setup is collective)."""
+        for pg in self.groups():
+            prefixed = dist.PrefixStore(f"snapshotter/{epoch}/{pg.key}/", store)
+            pg._build(prefixed)
+
+
+class _GlooFactoryMeta(type):
+    """Makes `distributed_c10d.ProcessGroupGloo` build resumable groups inside the helper."""
+
+    registry: GroupRegistry
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, (_REAL_GLOO, ResumableProcessGroup))
+
+    def __call__(cls, store: dist.Store, rank: int, size: int, timeout: Any = None) -> Any:
+        ctx = _creating.get()
+        if timeout is None:
+            timeout = c10d.default_pg_timeout
+        if ctx is None:
+            # Not a group being created through torch's helper (e.g. the debug wrapper's helper
+            # group): a plain gloo backend, exactly as before.
+            return _REAL_GLOO(store, rank, size, timeout=timeout)
+        return cls.registry.create(ctx, store, rank, size, timeout)
+
+    def __getattr__(cls, name: str) -> Any:
+        return getattr(_REAL_GLOO, name)
+
+
+def install(registry: GroupRegistry) -> None:
+    """Route every gloo group torch creates from now on through `registry`."""
+    if getattr(c10d, "_snapshotter_installed", False):
+        return
+    factory = _GlooFactoryMeta("ProcessGroupGloo", (), {"registry": registry})
+    original: Any = c10d._new_process_group_helper
+
+    def helper(
+        group_size: int,
+        group_rank: int,
+        global_ranks_in_group: list[int],
+        backend: Any,
+        store: dist.Store,
+        group_name: str,
+        *args: Any,
+        **kwargs: Any,
+    ) -> Any:
+        token = _creating.set(_Creating(str(group_name), list(global_ranks_in_group), str(backend)))
+        try:
+            return original(
+                group_size,
+                group_rank,
+                global_ranks_in_group,
+                backend,
+                store,
+                group_name,
+                *args,
+                **kwargs,
+            )
+        finally:
+            _creating.reset(token)
+
+    c10d.ProcessGroupGloo = factory  # type: ignore[misc,assignment]
+    c10d._new_process_group_helper = helper
+    c10d._snapshotter_installed = True  # type: ignore[attr-defined]

@@ -1,0 +1,185 @@
+"""The quiesce barrier's state machine, without torch or processes."""
+
+from __future__ import annotations
+
+import threading
+
+import pytest
+
+from snapshotter.hook.barrier import BarrierError, ParkPoint, QuiesceBarrier, State
+
+pytestmark = pytest.mark.timeout(10)
+
+
+class Recorder:
+    def __init__(self) -> None:
+        self.parked: list[tuple[str, ParkPoint | None]] = []
+        self.event = threading.Event()
+
+    def __call__(self, freeze: str, at: ParkPoint | None) -> None:
+        self.parked.append((freeze, at))
+        self.event.set()
+
+
+def make(*groups: str) -> tuple[QuiesceBarrier, Recorder]:
+    rec = Recorder()
+    b = QuiesceBarrier(rec)
+    for g in groups:
+        b.add_group(g)
+    return b, rec
+
+
+def issue(b: QuiesceBarrier, key: str, n: int) -> None:
+    for _ in range(n):
+        b.enter(key)
+        b.complete(key)
+
+
+def test_counts_every_issued_collective_per_group() -> None:
+    b, _ = make("0", "1")
+    issue(b, "0", 3)
+    issue(b, "1", 1)
+    assert b.counts() == {"0": 3, "1": 1}
+
+
+def test_no_group_parks_at_once_with_no_point() -> None:
+    b, rec = make()
+    b.prepare("f")
+    b.arm("f", {})
+    assert rec.parked == [("f", None)] and b.state is State.PARKED
+
+
+def test_parks_before_target_and_resumes_after_release() -> None:
+    b, rec = make("0")
+    issue(b, "0", 2)
+    b.arm("f", {"0": 3})
+    seqs: list[int] = []
+    t = threading.Thread(target=lambda: seqs.append(b.enter("0")))
+    t.start()
+    assert rec.event.wait(5)
+    assert rec.parked == [("f", ParkPoint("0", 3))]
+    assert b.state is State.PARKED and seqs == []
+    b.suspend("f")
+    b.release("f")
+    t.join(5)
+    assert seqs == [3] and b.state is State.IDLE
+
+
+def test_not_quiesced_while_a_collective_is_in_flight() -> None:
+    b, rec = make("0")
+    b.enter("0")  # in flight
+    b.arm("f", {"0": 2})
+    t = threading.Thread(target=b.enter, args=("0",))
+    t.start()
+    assert not rec.event.wait(0.2)
+    assert b.state is State.ARMED
+    b.complete("0")  # the last one finishes: now quiesced, reported by this thread
+    assert rec.parked == [("f", ParkPoint("0", 2))]
+    b.abort("f")
+    t.join(5)
+    assert b.counts() == {"0": 2}
+
+
+def test_prepare_holds_new_collectives_until_arm() -> None:
+    b, rec = make("0")
+    assert b.prepare("f") == {"0": 0}
+    seqs: list[int] = []
+    t = threading.Thread(target=lambda: seqs.append(b.enter("0")))
+    t.start()
+    t.join(0.2)
+    assert t.is_alive() and seqs == []
+    b.arm("f", {"0": 1})  # the holder is exactly at its target: it becomes the parked thread
+    assert rec.event.wait(5) and rec.parked == [("f", ParkPoint("0", 1))]
+    b.abort("f")
+    t.join(5)
+    assert seqs == [1]
+
+
+def test_hold_released_by_arm_when_not_at_target() -> None:
+    b, _ = make("0")
+    b.prepare("f")
+    seqs: list[int] = []
+    t = threading.Thread(target=lambda: seqs.append(b.enter("0")))
+    t.start()
+    b.arm("f", {"0": 5})
+    t.join(5)
+    assert seqs == [1] and b.state is State.ARMED
+
+
+def test_expired_hold_goes_idle() -> None:
+    b, _ = make("0")
+    b.prepare("f")
+    assert not b.expire_hold("other")
+    assert b.expire_hold("f") and b.state is State.IDLE
+    assert b.enter("0") == 1
+
+
+def test_target_already_passed_is_an_error_and_disarms() -> None:
+    b, _ = make("0")
+    issue(b, "0", 4)
+    with pytest.raises(BarrierError, match="already passed"):
+        b.arm("f", {"0": 3})
+    assert b.state is State.IDLE
+
+
+def test_targets_for_groups_this_rank_lacks_are_ignored() -> None:
+    b, _ = make("0")
+    b.arm("f", {"0": 1, "7": 1})
+    assert b.state is State.ARMED
+
+
+def test_other_groups_may_run_below_target_while_armed() -> None:
+    b, rec = make("0", "1")
+    b.arm("f", {"0": 1, "1": 5})
+    assert b.enter("1") == 1
+    b.complete("1")
+    assert rec.parked == []
+
+
+def test_everything_waits_once_parked() -> None:
+    b, rec = make("0", "1")
+    b.arm("f", {"0": 1, "1": 5})
+    parker = threading.Thread(target=b.enter, args=("0",))
+    parker.start()
+    assert rec.event.wait(5)
+    other = threading.Thread(target=b.enter, args=("1",))
+    other.start()
+    other.join(0.2)
+    assert other.is_alive()  # nothing may start after the rank said it is quiesced
+    b.abort("f")
+    parker.join(5)
+    other.join(5)
+
+
+def test_suspend_requires_parked_and_abort_refused_after_suspend() -> None:
+    b, _ = make()
+    with pytest.raises(BarrierError, match="not parked"):
+        b.suspend("f")
+    b.arm("f", {})
+    b.suspend("f")
+    with pytest.raises(BarrierError, match="resume instead"):
+        b.abort("f")
+    with pytest.raises(BarrierError):
+        b.prepare("g")
+    b.release("f")
+    assert b.state is State.IDLE
+
+
+def test_destroyed_group_wakes_its_waiter_with_an_error() -> None:
+    b, _ = make("0")
+    b.prepare("f")
+    errors: list[Exception] = []
+
+    def run() -> None:
+        try:
+            b.enter("0")
+        except BarrierError as e:
+            errors.append(e)
+
+    t = threading.Thread(target=run)
+    t.start()
+    t.join(0.1)
+    b.remove_group("0")
+    b.abort("f")
+    t.join(5)
+    assert errors and "destroyed" in str(errors[0])
