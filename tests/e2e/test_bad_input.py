@@ -89,23 +89,57 @@ def test_concurrent_freeze_refused_and_quiesce_deadline(snap: SnapCli, tmp_path:
     assert read_result(out) == read_result(ref)
 
 
-def test_failed_criu_dump_reports_log_and_job_continues(snap: SnapCli) -> None:
-    """The job holds a TCP connection of its own: CRIU refuses to dump it."""
-    script = ROOT / "tests" / "support" / "jobs" / "holds_tcp.py"
-    job = snap.run("run", "--detach", "--nproc-per-node", "2", str(script)).stdout.split()[-1]
+def _start_socket_job(snap: SnapCli, *args: str) -> str:
+    script = ROOT / "tests" / "support" / "jobs" / "holds_socket.py"
+    job = snap.run("run", "--detach", "--nproc-per-node", "2", str(script), *args).stdout.split()[-1]
     deadline = time.monotonic() + 60
     while "step 20 " not in (snap.log_path(job).read_text() if snap.log_path(job).exists() else ""):
         assert time.monotonic() < deadline, "job did not start"
         time.sleep(0.2)
+    return job
+
+
+def test_foreign_tcp_connection_refused_at_suspend(snap: SnapCli) -> None:
+    """A TCP connection the hook does not own would be dumped half-open: refused by name."""
+    job = _start_socket_job(snap, "tcp")
     p = snap.run("freeze", job, check=False)
-    assert p.returncode == 10, p.stderr
-    assert "criu dump failed; log:" in p.stderr and "last errors:" in p.stderr
-    log_path = p.stderr.split("log:", 1)[1].split()[0]
-    assert os.path.exists(log_path), log_path
+    assert p.returncode == 6, p.stderr
+    assert "TCP sockets still open" in p.stderr and "ESTABLISHED" in p.stderr
+    assert "next step:" in p.stderr
     assert snap.json("list")["snapshots"] == []
     st = snap.wait(job)
     assert st["state"] == "SUCCEEDED", st
     assert "rank 0 done total 600.0" in snap.log_path(job).read_text()
+
+
+def test_failed_criu_dump_reports_log_and_job_continues(snap: SnapCli, tmp_path: Path) -> None:
+    """A unix connection to a peer outside the job: CRIU refuses to dump it."""
+    import socket
+    import threading
+
+    path = str(tmp_path / "peer.sock")
+    srv = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+    srv.bind(path)
+    srv.listen(8)
+    conns: list[socket.socket] = []
+    threading.Thread(target=lambda: [conns.append(srv.accept()[0]) for _ in range(2)],
+                     daemon=True).start()
+    try:
+        job = _start_socket_job(snap, "unix", path)
+        p = snap.run("freeze", job, check=False)
+        assert p.returncode == 10, p.stderr
+        assert "criu dump failed; log:" in p.stderr and "last errors:" in p.stderr
+        log_path = p.stderr.split("log:", 1)[1].split()[0]
+        assert os.path.exists(log_path), log_path
+        assert "Error" in p.stderr.split("last errors:", 1)[1]
+        assert snap.json("list")["snapshots"] == []
+        st = snap.wait(job)
+        assert st["state"] == "SUCCEEDED", st
+        assert "rank 0 done total 600.0" in snap.log_path(job).read_text()
+    finally:
+        for c in conns:
+            c.close()
+        srv.close()
 
 
 def test_criu_too_old_refuses_before_touching_the_job(tmp_path: Path) -> None:
