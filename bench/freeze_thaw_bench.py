@@ -79,8 +79,9 @@ def one_round(cli: SnapCli, work: Path, i: int) -> dict[str, float]:
     cli.wait_step(job2, 60)
     cli.run("cancel", job2)
     t0 = time.monotonic()
-    job3 = cli.start_job(work / f"c{i}.json", *ARGS, "--ckpt", str(ckpt), "--ckpt-every", "10",
-                         "--resume")
+    job3 = cli.start_job(
+        work / f"c{i}.json", *ARGS, "--ckpt", str(ckpt), "--ckpt-every", "10", "--resume"
+    )
     _wait_new_step(cli, job3, 0, 0)
     r["cold_restart_s"] = time.monotonic() - t0
     cli.run("cancel", job3)
@@ -98,8 +99,10 @@ def main() -> int:
     try:
         for i in range(a.rounds):
             rounds.append(one_round(cli, work, i))
-            print(f"round {i + 1}: " + ", ".join(f"{k}={v:.3f}" for k, v in rounds[-1].items()),
-                  flush=True)
+            print(
+                f"round {i + 1}: " + ", ".join(f"{k}={v:.3f}" for k, v in rounds[-1].items()),
+                flush=True,
+            )
     finally:
         cli.close()
     med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
@@ -115,8 +118,9 @@ def main() -> int:
     for k, v in ratios.items():
         print(f"  {k:36s} {v:6.3f}")
     if a.json:
-        Path(a.json).write_text(json.dumps({"rounds": rounds, "median": med, "ratios": ratios},
-                                           indent=1))
+        Path(a.json).write_text(
+            json.dumps({"rounds": rounds, "median": med, "ratios": ratios}, indent=1)
+        )
     return 0
 
 

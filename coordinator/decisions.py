@@ -57,10 +57,10 @@ def thaw_job_id(
 class JobPhase(enum.Enum):
     """A job as the coordinator reports it.
 
-        (run) -> RUNNING <-> FREEZING          freeze-and-continue returns to RUNNING
-                 RUNNING  -> FREEZING -> FROZEN  freeze --stop: ranks end after the commit
-                 RUNNING  -> SUCCEEDED | FAILED | CANCELLED
-        (thaw) -> THAWING -> RUNNING | FAILED
+    (run) -> RUNNING <-> FREEZING          freeze-and-continue returns to RUNNING
+             RUNNING  -> FREEZING -> FROZEN  freeze --stop: ranks end after the commit
+             RUNNING  -> SUCCEEDED | FAILED | CANCELLED
+    (thaw) -> THAWING -> RUNNING | FAILED
     """
 
     THAWING = "THAWING"

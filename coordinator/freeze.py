@@ -87,8 +87,10 @@ class FreezeOperation:
         # Refuse before touching the ranks when the snapshot could not be stored anyway.
         next(iter(self.store.list_keys("snapshots/")), None)
         res, fail = on_all(
-            self.agents, lambda a: a.call("Prepare", self._req(timeout=s.prepare_timeout),
-                                          timeout=s.prepare_timeout + 10)
+            self.agents,
+            lambda a: a.call(
+                "Prepare", self._req(timeout=s.prepare_timeout), timeout=s.prepare_timeout + 10
+            ),
         )
         self._prepared = [a for a in self.agents if a.name in res]
         if fail:
@@ -102,17 +104,20 @@ class FreezeOperation:
         t_park = time.monotonic()
         res, fail = on_all(
             self.agents,
-            lambda a: a.call("Park", self._req(targets=targets, timeout=s.quiesce_timeout),
-                             timeout=s.quiesce_timeout + 10),
+            lambda a: a.call(
+                "Park",
+                self._req(targets=targets, timeout=s.quiesce_timeout),
+                timeout=s.quiesce_timeout + 10,
+            ),
         )
         if fail:
             raise _first(fail)
         missing = {rank: why for r in res.values() for rank, why in r["missing"].items()}
         if missing:
-            ranks = ", ".join(sorted(missing, key=int))
+            who = ", ".join(sorted(missing, key=int))
             detail = "; ".join(missing[k] for k in sorted(missing, key=int))
             raise errors.QuiesceTimeout(
-                f"rank(s) {ranks} did not reach collective barrier {targets} within "
+                f"rank(s) {who} did not reach collective barrier {targets} within "
                 f"{s.quiesce_timeout:.0f}s ({detail})",
                 "the job was left running as before; retry when the job is in its training "
                 "loop, or raise --quiesce-timeout",
@@ -122,8 +127,10 @@ class FreezeOperation:
         yield {"event": "phase", "phase": "suspend"}
         self._suspended = True
         _, fail = on_all(
-            self.agents, lambda a: a.call("Suspend", self._req(timeout=s.suspend_timeout),
-                                          timeout=s.suspend_timeout + 10)
+            self.agents,
+            lambda a: a.call(
+                "Suspend", self._req(timeout=s.suspend_timeout), timeout=s.suspend_timeout + 10
+            ),
         )
         if fail:
             raise _first(fail)
@@ -147,7 +154,6 @@ class FreezeOperation:
         streams: dict[str, Msg] = {}
         ranks: list[Msg] = []
         uploads: list[Msg] = []
-        nodes: dict[str, int] = {}
         failures: dict[str, BaseException] = {}
         self._uploaded = True  # from here on, chunks may exist that a failure must remove
         for name, ev in merge_streams(
@@ -159,8 +165,6 @@ class FreezeOperation:
                 yield {**ev, "node": name}
             elif ev.get("event") == "uploaded":
                 streams.update(ev["streams"])
-                for r in ev["ranks"]:
-                    nodes[r["stream"]] = int(r["node_rank"])
                 ranks.extend(ev["ranks"])
                 uploads.append(ev["upload"])
         if failures:
@@ -168,6 +172,14 @@ class FreezeOperation:
         upload_s = time.monotonic() - t_up
 
         yield {"event": "phase", "phase": "commit"}
+        stats: Msg = {
+            "quiesce_s": quiesce_s,
+            "dump_s": dump_s,
+            "upload_s": upload_s,
+            "stall_s": stall_s,
+            "image_bytes": image_bytes,
+            "uploads": uploads,
+        }
         meta = {
             "job": self.spec.to_dict(),
             "source_job": self.spec.job_id,
@@ -175,14 +187,7 @@ class FreezeOperation:
             "targets": targets,
             "ranks": sorted(ranks, key=lambda r: int(r["rank"])),
             "nodes": [a.name for a in self.agents],
-            "stats": {
-                "quiesce_s": quiesce_s,
-                "dump_s": dump_s,
-                "upload_s": upload_s,
-                "stall_s": stall_s,
-                "image_bytes": image_bytes,
-                "uploads": uploads,
-            },
+            "stats": stats,
         }
         commit_snapshot(self.store, self.snapshot_id, streams, meta)
         self._on_committed(self.snapshot_id)
@@ -194,14 +199,16 @@ class FreezeOperation:
             "event": "done",
             "snapshot_id": self.snapshot_id,
             "stopped": self.stop,
-            "stats": {**meta["stats"], "total_s": time.monotonic() - t_start},
+            "stats": {**stats, "total_s": time.monotonic() - t_start},
         }
 
     def _resume(self) -> None:
         s = self.settings
         _, fail = on_all(
-            self.agents, lambda a: a.call("Resume", self._req(timeout=s.resume_timeout),
-                                          timeout=s.resume_timeout + 10)
+            self.agents,
+            lambda a: a.call(
+                "Resume", self._req(timeout=s.resume_timeout), timeout=s.resume_timeout + 10
+            ),
         )
         self._resumed = True
         if fail:
@@ -212,7 +219,9 @@ class FreezeOperation:
 
     def _recover(self, cause: BaseException) -> None:
         """Put the job back as it was: unpark, or resume after a suspend; drop partial data."""
-        log.warning("freeze %s of %s failed: %s; recovering", self.freeze_id, self.spec.job_id, cause)
+        log.warning(
+            "freeze %s of %s failed: %s; recovering", self.freeze_id, self.spec.job_id, cause
+        )
         if self._uploaded:
             on_all(self.agents, lambda a: a.call("DiscardUpload", self._req(), timeout=120))
         if self._suspended and not self._resumed:

@@ -125,8 +125,10 @@ class Coordinator:
                 ),
             )
             if fail:
-                on_all([a for a in agents if a.name in res],
-                       lambda a: a.call("Cancel", {"job_id": job_id}))
+                on_all(
+                    [a for a in agents if a.name in res],
+                    lambda a: a.call("Cancel", {"job_id": job_id}),
+                )
                 with self._lock:
                     self._jobs.pop(job_id, None)
                 raise next(iter(fail.values()))
@@ -166,7 +168,8 @@ class Coordinator:
             "snapshots": rec.snapshots,
             "thawed_from": rec.thawed_from,
             "exit_code": exit_code(phase, [r.get("exit_code") for r in ranks])
-            if phase.terminal else None,
+            if phase.terminal
+            else None,
         }
 
     def jobs(self) -> Msg:
@@ -191,8 +194,13 @@ class Coordinator:
                 return st
             rec = self._job(job_id)
             if rec.busy is None:
-                on_all(self._handles(rec), lambda a: a.call(
-                    "Wait", {"job_id": job_id, "timeout": min(left, 5.0)}, timeout=min(left, 5) + 10))
+                step = min(left, 5.0)
+                on_all(
+                    self._handles(rec),
+                    lambda a, step=step: a.call(  # type: ignore[misc]
+                        "Wait", {"job_id": job_id, "timeout": step}, timeout=step + 10
+                    ),
+                )
             else:
                 time.sleep(min(left, 0.5))
 
@@ -236,7 +244,11 @@ class Coordinator:
                 quiesce_timeout=float(req.get("quiesce_timeout") or FreezeSettings.quiesce_timeout)
             )
             op = FreezeOperation(
-                rec.spec, self._handles(rec), self.store, bool(req.get("stop")), settings,
+                rec.spec,
+                self._handles(rec),
+                self.store,
+                bool(req.get("stop")),
+                settings,
                 on_committed=rec.snapshots.append,
             )
             yield from op.run()
@@ -258,8 +270,7 @@ class Coordinator:
         validate_job_id(job_id)
         spec = spec0.with_job_id(job_id)
         agents = self._agents_for(spec.nnodes, req.get("nodes"))
-        rec = JobRecord(spec=spec, nodes=[a.name for a in agents], busy="THAWING",
-                        thawed_from=snap)
+        rec = JobRecord(spec=spec, nodes=[a.name for a in agents], busy="THAWING", thawed_from=snap)
         with self._lock:
             if job_id in self._jobs and self._jobs[job_id].busy:
                 raise errors.InvalidArgument(
@@ -270,7 +281,7 @@ class Coordinator:
                 rec.snapshots = list(prev.snapshots)
             self._jobs[job_id] = rec
         try:
-            yield from ThawOperation(snap, meta, spec, agents).run()
+            yield from ThawOperation(snap, dict(meta), spec, agents).run()
         except BaseException:
             with self._lock:
                 if prev is not None:
@@ -303,8 +314,11 @@ class Coordinator:
 
     def show(self, snapshot_id: str) -> Msg:
         m = SnapshotReader(self.store, snapshot_id).manifest()
-        return {**_summary(snapshot_id, m), "meta": {k: v for k, v in m.meta.items() if k != "job"},
-                "job": {k: v for k, v in m.meta["job"].items() if k != "env"}}
+        return {
+            **_summary(snapshot_id, m),
+            "meta": {k: v for k, v in m.meta.items() if k != "job"},
+            "job": {k: v for k, v in m.meta["job"].items() if k != "env"},
+        }
 
     def delete(self, snapshot_id: str) -> Msg:
         SnapshotReader(self.store, snapshot_id).manifest()  # SnapshotNotFound if absent

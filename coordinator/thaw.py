@@ -95,8 +95,10 @@ class ThawOperation:
         )
         if fail:
             # Nodes that did restore must not run a partial job.
-            on_all([a for a in self.agents if a.name in res],
-                   lambda a: a.call("Cancel", {"job_id": self.spec.job_id}))
+            on_all(
+                [a for a in self.agents if a.name in res],
+                lambda a: a.call("Cancel", {"job_id": self.spec.job_id}),
+            )
             self._discard(ops)
             raise next(iter(fail.values()))
         yield {

@@ -25,8 +25,11 @@ STEPS = 300
 def sh(*args: str, capture: bool = True) -> str:
     cmd = ["snapshotter", *args]
     print(f"\n$ {shlex.join(cmd)}", flush=True)
-    p = subprocess.run([sys.executable, "-m", "snapshotter", *args], text=True,
-                       stdout=subprocess.PIPE if capture else None)
+    p = subprocess.run(
+        [sys.executable, "-m", "snapshotter", *args],
+        text=True,
+        stdout=subprocess.PIPE if capture else None,
+    )
     if p.returncode != 0:
         raise SystemExit(f"demo: `{shlex.join(cmd)}` failed with exit code {p.returncode}")
     if capture:
@@ -42,8 +45,11 @@ def last_line(out: str) -> str:
 def wait_for_step(job: str, step: int, timeout: float = 180) -> int:
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
-        out = subprocess.run([sys.executable, "-m", "snapshotter", "logs", job, "--rank", "0"],
-                             text=True, capture_output=True).stdout
+        out = subprocess.run(
+            [sys.executable, "-m", "snapshotter", "logs", job, "--rank", "0"],
+            text=True,
+            capture_output=True,
+        ).stdout
         steps = re.findall(r"rank 0 step (\d+) ", out)
         if steps and int(steps[-1]) >= step:
             return int(steps[-1])
@@ -57,13 +63,15 @@ def main() -> int:
     args = ["--steps", str(STEPS), "--step-sleep", "0.03"]
 
     print("== 1. An uninterrupted run of the job, for reference")
-    ref = last_line(sh("run", "--detach", "--nproc-per-node", "2", str(TRAIN), *args,
-                       "--out", str(ref_out)))
+    ref = last_line(
+        sh("run", "--detach", "--nproc-per-node", "2", str(TRAIN), *args, "--out", str(ref_out))
+    )
     sh("wait", ref)
 
     print("\n== 2. The same job, frozen mid-run with --stop, then thawed")
-    job = last_line(sh("run", "--detach", "--nproc-per-node", "2", str(TRAIN), *args,
-                       "--out", str(frozen_out)))
+    job = last_line(
+        sh("run", "--detach", "--nproc-per-node", "2", str(TRAIN), *args, "--out", str(frozen_out))
+    )
     at = wait_for_step(job, STEPS // 3)
     print(f"   job {job} is at step {at} of {STEPS}", flush=True)
     snapshot = last_line(sh("freeze", job, "--stop"))

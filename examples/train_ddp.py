@@ -34,8 +34,12 @@ def make_data(n: int = 4096, dim: int = 32, classes: int = 10) -> TensorDataset:
 
 def make_model(dim: int = 32, classes: int = 10) -> nn.Module:
     return nn.Sequential(
-        nn.Linear(dim, 256), nn.ReLU(), nn.Dropout(0.2),
-        nn.Linear(256, 256), nn.ReLU(), nn.Dropout(0.2),
+        nn.Linear(dim, 256),
+        nn.ReLU(),
+        nn.Dropout(0.2),
+        nn.Linear(256, 256),
+        nn.ReLU(),
+        nn.Dropout(0.2),
         nn.Linear(256, classes),
     )
 
@@ -68,8 +72,13 @@ def main() -> None:
 
     data = make_data()
     sampler = DistributedSampler(data, num_replicas=world, rank=rank, shuffle=True, seed=7)
-    loader = DataLoader(data, batch_size=a.batch, sampler=sampler, num_workers=a.workers,
-                        generator=torch.Generator().manual_seed(99))
+    loader = DataLoader(
+        data,
+        batch_size=a.batch,
+        sampler=sampler,
+        num_workers=a.workers,
+        generator=torch.Generator().manual_seed(99),
+    )
     torch.manual_seed(0)
     model = make_model()
     torch.manual_seed(42 + rank)
@@ -84,8 +93,10 @@ def main() -> None:
         model.load_state_dict(st["model"])
         opt.load_state_dict(st["opt"])
         step, epoch = st["step"], st["epoch"]
-        print(f"rank {rank} resumed from {a.ckpt} at step {step} "
-              f"in {time.monotonic() - t0:.3f}s", flush=True)
+        print(
+            f"rank {rank} resumed from {a.ckpt} at step {step} in {time.monotonic() - t0:.3f}s",
+            flush=True,
+        )
 
     loss = torch.tensor(0.0)
     t_first = None
@@ -109,8 +120,15 @@ def main() -> None:
                 time.sleep(a.step_sleep)
             if a.ckpt and a.ckpt_every and step % a.ckpt_every == 0 and rank == 0:
                 tmp = a.ckpt + ".tmp"
-                torch.save({"model": model.state_dict(), "opt": opt.state_dict(),
-                            "step": step, "epoch": epoch}, tmp)
+                torch.save(
+                    {
+                        "model": model.state_dict(),
+                        "opt": opt.state_dict(),
+                        "step": step,
+                        "epoch": epoch,
+                    },
+                    tmp,
+                )
                 os.replace(tmp, a.ckpt)
         epoch += 1
 

@@ -76,15 +76,20 @@ def serve_embedded(paths: Paths, bind_host: str = "127.0.0.1") -> int:
     )
     for sig in (signal.SIGTERM, signal.SIGINT):
         signal.signal(sig, lambda *_: stop.set())
-    log.info("embedded coordinator %s, agent %s, store %s", coord_server.address,
-             agent_server.address, url)
+    log.info(
+        "embedded coordinator %s, agent %s, store %s",
+        coord_server.address,
+        agent_server.address,
+        url,
+    )
     try:
         stop.wait()
     finally:
         try:
-            if paths.daemon_file.exists() and json.loads(paths.daemon_file.read_text())[
-                "pid"
-            ] == os.getpid():
+            if (
+                paths.daemon_file.exists()
+                and json.loads(paths.daemon_file.read_text())["pid"] == os.getpid()
+            ):
                 paths.daemon_file.unlink()
         except (OSError, ValueError, KeyError):
             pass
@@ -101,7 +106,8 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--bind-host", default="127.0.0.1")
     a = ap.parse_args(argv)
     logging.basicConfig(
-        level=logging.INFO, format="%(asctime)s %(levelname)s %(name)s: %(message)s",
+        level=logging.INFO,
+        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
     paths = Paths(Path(a.home).resolve() if a.home else default_home())

@@ -166,3 +166,34 @@ class SandboxError(SnapshotterError):
 
 
 _register(SandboxError)
+
+
+class GpuDriverError(GpuCheckpointError):
+    """A CUDA checkpoint driver call failed; carries the CUresult name (e.g. CUDA_ERROR_TIMEOUT)."""
+
+    code = "gpu_driver_error"
+
+    def __init__(self, op: str, pid: int, result: str, next_step: str = "") -> None:
+        super().__init__(
+            f"{op} of CUDA process {pid} failed: {result}",
+            next_step or "see the agent log; the GPU stage put every process back as it was",
+        )
+        self.op = op
+        self.pid = pid
+        self.result = result
+
+
+class GpuLockTimeout(GpuDriverError):
+    """A CUDA process could not be locked in time (a kernel or CUDA call did not finish)."""
+
+    code = "gpu_lock_timeout"
+
+
+class GpuRemapRefused(GpuCheckpointError):
+    """The snapshot's GPUs cannot be mapped onto this node's GPUs (fewer, or another type)."""
+
+    code = "gpu_remap_refused"
+
+
+for _cls in (GpuDriverError, GpuLockTimeout, GpuRemapRefused):
+    _register(_cls)

@@ -27,6 +27,8 @@ from snapshotter.agent.rankctl import RankChannel
 from snapshotter.agent.runtime import NodeJob, NodeJobState, RankRuntime
 from snapshotter.agent.storeserver import StoreServer
 from snapshotter.config import Paths
+from snapshotter.gpu import auto_stage
+from snapshotter.gpu.stage import GpuHold, GpuStage, records_of
 from snapshotter.launch.env import (
     RankPlacement,
     StoreAddress,
@@ -52,6 +54,8 @@ class _Freeze:
     work: Path
     records: dict[int, Msg] = field(default_factory=dict)
     writer: SnapshotWriter | None = None
+    # GPU state checkpointed for the dump and not yet restored into the ranks.
+    gpu: GpuHold | None = None
 
 
 @dataclass(frozen=True)
@@ -64,6 +68,8 @@ class NodeSettings:
     network_env: tuple[tuple[str, str], ...] = ()
     netns: str | None = None
     dump_parallelism: int = 8
+    # Builds this node's GPU stage (None: none). Unset: the real driver when there is one.
+    gpu: Callable[[], GpuStage | None] | None = None
 
 
 class NodeAgent:
@@ -74,6 +80,8 @@ class NodeAgent:
         self._jobs: dict[str, NodeJob] = {}
         self._freezes: dict[str, _Freeze] = {}
         self._lock = threading.Lock()
+        self._gpu_stage: GpuStage | None = None
+        self._gpu_checked = False
         become_subreaper()
 
     # ----------------------------------------------------------------- helpers
@@ -96,6 +104,26 @@ class NodeAgent:
                 "only a running job can be frozen; `snapshotter list` shows its snapshots",
             )
         return j
+
+    def _gpu(self) -> GpuStage | None:
+        """This node's GPU stage, found once (no driver: None, logged once by auto_stage)."""
+        with self._lock:
+            if not self._gpu_checked:
+                make = self.settings.gpu or auto_stage
+                self._gpu_stage = make()
+                self._gpu_checked = True
+            return self._gpu_stage
+
+    def _gpu_release(self, freeze_id: str) -> None:
+        """Put GPU state checkpointed for a dump back into the ranks (before they resume)."""
+        with self._lock:
+            fr = self._freezes.get(freeze_id)
+            hold = fr.gpu if fr is not None else None
+            if fr is not None:
+                fr.gpu = None
+        stage = self._gpu()
+        if hold is not None and stage is not None:
+            stage.release(hold)
 
     def _pool(self, n: int) -> ThreadPoolExecutor:
         return ThreadPoolExecutor(max_workers=max(1, min(n, self.settings.dump_parallelism)))
@@ -218,7 +246,9 @@ class NodeAgent:
         job = self.job(job_id)
         self._each(
             job,
-            lambda r: r.channel.request({"op": "suspend", "freeze": freeze_id}, "suspended", timeout),
+            lambda r: r.channel.request(
+                {"op": "suspend", "freeze": freeze_id}, "suspended", timeout
+            ),
         )
         return {}
 
@@ -259,21 +289,28 @@ class NodeAgent:
             fr.records[r.rank] = rec
             return rec
 
-        recs = self._each(job, one)
+        # GPU state goes to host memory first, so that CRIU dumps it with the process.
+        gpu = self._gpu()
+        if gpu is not None:
+            fr.gpu = gpu.freeze({r.rank: r.sandbox.pid for r in job.alive_ranks()})
+        try:
+            recs = self._each(job, one)
+        except BaseException:
+            self._gpu_release(freeze_id)  # the coordinator resumes the ranks next
+            raise
+        if fr.gpu is not None:
+            for rank, rg in fr.gpu.ranks.items():
+                if rank in recs and rg.procs:
+                    recs[rank]["gpu"] = rg.record()
         return {"ranks": [recs[k] for k in sorted(recs)]}
 
     def resume(self, job_id: str, freeze_id: str, timeout: float) -> Msg:
         job = self.job(job_id)
         assert job.store is not None
-        store = job.store.address
-        msg = {
-            "op": "resume",
-            "freeze": freeze_id,
-            "store": {"host": store.host, "port": store.port},
-            "epoch": freeze_id,
-            "env": resume_env(store, self.node_env),
-        }
-        self._each(job, lambda r: r.channel.request(dict(msg), "resumed", timeout))
+        # With --stop the ranks are killed after the commit and this is never called; a
+        # failed --stop freeze resumes through here, so its GPU state comes back too.
+        self._gpu_release(freeze_id)
+        self._resume_ranks(job, job.store.address, freeze_id, timeout)
         return {}
 
     def upload(self, job_id: str, freeze_id: str, snapshot_id: str) -> Iterator[Msg]:
@@ -283,9 +320,14 @@ class NodeAgent:
         result: dict[str, Any] = {}
 
         def progress(p: Progress) -> None:
-            ev = {"event": "progress", "node": self.settings.name, "stream": p.stream,
-                  "raw_bytes": p.total_raw_bytes, "stored_bytes": p.total_stored_bytes,
-                  "rate": p.raw_rate}
+            ev = {
+                "event": "progress",
+                "node": self.settings.name,
+                "stream": p.stream,
+                "raw_bytes": p.total_raw_bytes,
+                "stored_bytes": p.total_stored_bytes,
+                "rate": p.raw_rate,
+            }
             with ev_lock:
                 events.append(ev)
                 ev_lock.notify_all()
@@ -344,7 +386,9 @@ class NodeAgent:
     def finish_freeze(self, job_id: str, freeze_id: str, stop: bool) -> Msg:
         job = self.job(job_id)
         if stop:
-            job.stop(NodeJobState.FROZEN)
+            job.stop(NodeJobState.FROZEN)  # GPU state still checkpointed: nothing to restore
+        else:
+            self._gpu_release(freeze_id)
         self._end_freeze(job, freeze_id)
         return job.describe()
 
@@ -383,8 +427,12 @@ class NodeAgent:
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
-        yield {"event": "fetched", "node": self.settings.name, "op": op,
-               "fetch_s": time.monotonic() - t0}
+        yield {
+            "event": "fetched",
+            "node": self.settings.name,
+            "op": op,
+            "fetch_s": time.monotonic() - t0,
+        }
 
     def discard_fetch(self, op: str) -> Msg:
         if op.startswith("thaw-") and "/" not in op:
@@ -411,6 +459,16 @@ class NodeAgent:
         job: NodeJob | None = None
         store: StoreServer | None = None
         try:
+            # Refuse before any process starts when this node cannot take the GPU state.
+            recorded = records_of(ranks)
+            gpu = self._gpu() if recorded else None
+            if recorded and gpu is None:
+                raise errors.GpuRemapRefused(
+                    f"the snapshot holds GPU state of rank(s) {sorted(recorded)}, and node "
+                    f"{self.settings.name} has no usable NVIDIA driver",
+                    "thaw onto a node with NVIDIA GPUs of the snapshot's type (r550+ driver)",
+                )
+            mapping = gpu.plan(recorded) if gpu is not None else {}
             store = StoreServer(spec.python, self.settings.host, spec.env)
             job = NodeJob(spec=spec, node_rank=node_rank, store=store)
             logs = self.paths.criu_logs(op)
@@ -447,10 +505,24 @@ class NodeAgent:
             restore_s = time.monotonic() - t1
             self._register(job)
             job.watch()
+            gpu_out: Msg = {}
+            if gpu is not None:
+                t_gpu = time.monotonic()
+                pids = {r.rank: r.sandbox.pid for r in job.ranks}
+                thawed = gpu.thaw(pids, recorded, mapping)
+                gpu_out = {str(k): v for k, v in thawed.items()}
+                restore_s += time.monotonic() - t_gpu
             t2 = time.monotonic()
-            self._resume_restored(job, store.address, op, timeout)
-            return {"node": self.settings.name, "restore_s": restore_s,
-                    "resume_s": time.monotonic() - t2, "job": job.describe()}
+            self._resume_ranks(job, store.address, op, timeout)
+            res: Msg = {
+                "node": self.settings.name,
+                "restore_s": restore_s,
+                "resume_s": time.monotonic() - t2,
+                "job": job.describe(),
+            }
+            if gpu_out:
+                res["gpu"] = gpu_out
+            return res
         except BaseException:
             if job is not None:
                 job.stop(NodeJobState.FAILED)
@@ -460,7 +532,9 @@ class NodeAgent:
         finally:
             shutil.rmtree(work, ignore_errors=True)
 
-    def _resume_restored(self, job: NodeJob, store: StoreAddress, epoch: str, timeout: float) -> None:
+    def _resume_ranks(self, job: NodeJob, store: StoreAddress, epoch: str, timeout: float) -> None:
+        """Every rank rebuilds its communicators against `store` under a fresh `epoch`, with
+        this node's network settings."""
         msg = {
             "op": "resume",
             "freeze": epoch,
@@ -528,13 +602,21 @@ def agent_service(agent: NodeAgent) -> tuple[dict[str, Any], dict[str, Any]]:
         return JobSpec.from_dict(req["spec"])
 
     unary = {
-        "Ping": lambda req: {"node": agent.settings.name, "pid": os.getpid(), "host": agent.settings.host},
+        "Ping": lambda req: {
+            "node": agent.settings.name,
+            "pid": os.getpid(),
+            "host": agent.settings.host,
+        },
         "Launch": lambda req: agent.launch(spec_of(req), int(req.get("node_rank", 0))),
-        "Prepare": lambda req: agent.prepare(req["job_id"], req["freeze_id"], float(req["timeout"])),
+        "Prepare": lambda req: agent.prepare(
+            req["job_id"], req["freeze_id"], float(req["timeout"])
+        ),
         "Park": lambda req: agent.park(
             req["job_id"], req["freeze_id"], dict(req["targets"]), float(req["timeout"])
         ),
-        "Suspend": lambda req: agent.suspend(req["job_id"], req["freeze_id"], float(req["timeout"])),
+        "Suspend": lambda req: agent.suspend(
+            req["job_id"], req["freeze_id"], float(req["timeout"])
+        ),
         "Abort": lambda req: agent.abort(req["job_id"], req["freeze_id"]),
         "Dump": lambda req: agent.dump(req["job_id"], req["freeze_id"]),
         "Resume": lambda req: agent.resume(req["job_id"], req["freeze_id"], float(req["timeout"])),
@@ -548,7 +630,10 @@ def agent_service(agent: NodeAgent) -> tuple[dict[str, Any], dict[str, Any]]:
         "Cancel": lambda req: agent.cancel(req["job_id"]),
         "DiscardFetch": lambda req: agent.discard_fetch(req["op"]),
         "Restore": lambda req: agent.restore(
-            req["op"], spec_of(req), list(req["ranks"]), int(req.get("node_rank", 0)),
+            req["op"],
+            spec_of(req),
+            list(req["ranks"]),
+            int(req.get("node_rank", 0)),
             float(req.get("timeout", 120)),
         ),
     }

@@ -35,9 +35,7 @@ class RankChannel:
         self._replies: queue.Queue[Msg | None] = queue.Queue()
         self._send_lock = threading.Lock()
         self._closed = False
-        self._reader = threading.Thread(
-            target=self._read_loop, name=f"rankctl-{rank}", daemon=True
-        )
+        self._reader = threading.Thread(target=self._read_loop, name=f"rankctl-{rank}", daemon=True)
         self._reader.start()
 
     def _read_loop(self) -> None:

@@ -28,10 +28,10 @@ log = logging.getLogger(__name__)
 class NodeJobState(enum.Enum):
     """Lifecycle of a job's ranks on one node.
 
-        RUNNING --all ranks exit 0--> SUCCEEDED
-        RUNNING --a rank fails------> FAILED (the others are terminated)
-        RUNNING --freeze --stop-----> FROZEN (ranks ended after the snapshot committed)
-        RUNNING --cancel------------> CANCELLED
+    RUNNING --all ranks exit 0--> SUCCEEDED
+    RUNNING --a rank fails------> FAILED (the others are terminated)
+    RUNNING --freeze --stop-----> FROZEN (ranks ended after the snapshot committed)
+    RUNNING --cancel------------> CANCELLED
     """
 
     RUNNING = "RUNNING"
@@ -76,7 +76,10 @@ class NodeJob:
     def watch(self) -> None:
         for r in self.ranks:
             threading.Thread(
-                target=self._wait_rank, args=(r,), daemon=True, name=f"wait-{self.spec.job_id}-{r.rank}"
+                target=self._wait_rank,
+                args=(r,),
+                daemon=True,
+                name=f"wait-{self.spec.job_id}-{r.rank}",
             ).start()
 
     def _wait_rank(self, r: RankRuntime) -> None:
@@ -88,7 +91,9 @@ class NodeJob:
                 self._stopping_reason = NodeJobState.FAILED
             self._cv.notify_all()
         if failed:
-            log.warning("job %s rank %d exited %s; stopping the others", self.spec.job_id, r.rank, code)
+            log.warning(
+                "job %s rank %d exited %s; stopping the others", self.spec.job_id, r.rank, code
+            )
             self.terminate_all()
         self._maybe_finish()
 
@@ -110,13 +115,16 @@ class NodeJob:
         if self.store is not None:
             self.store.stop()
 
-    def terminate_all(self, grace: float = 5.0) -> None:
+    def _signal_alive(self, sig: int) -> None:
         for r in self.ranks:
             if r.exit_code is None:
                 try:
-                    r.sandbox.send_signal(signal.SIGTERM)
+                    r.sandbox.send_signal(sig)
                 except ProcessLookupError:
                     pass
+
+    def terminate_all(self, grace: float = 5.0) -> None:
+        self._signal_alive(signal.SIGTERM)
         deadline = time.monotonic() + grace
         with self._cv:
             while any(r.exit_code is None for r in self.ranks):
@@ -124,24 +132,14 @@ class NodeJob:
                 if left <= 0:
                     break
                 self._cv.wait(left)
-        for r in self.ranks:
-            if r.exit_code is None:
-                try:
-                    r.sandbox.kill()
-                except ProcessLookupError:
-                    pass
+        self._signal_alive(signal.SIGKILL)
 
     def stop(self, reason: NodeJobState) -> None:
         """End every rank on purpose (freeze --stop, cancel): not a failure."""
         with self._cv:
             if self._stopping_reason is None:
                 self._stopping_reason = reason
-        for r in self.ranks:
-            if r.exit_code is None:
-                try:
-                    r.sandbox.kill()
-                except ProcessLookupError:
-                    pass
+        self._signal_alive(signal.SIGKILL)
         self.wait(timeout=30)
 
     def wait(self, timeout: float | None = None) -> bool:

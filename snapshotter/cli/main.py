@@ -64,7 +64,8 @@ def cmd_run(a: argparse.Namespace) -> int:
     if a.no_python:
         raise errors.InvalidArgument(
             "--no-python is not supported: ranks run through the Python bootstrap that makes "
-            "them freezable", "run a Python script or module"
+            "them freezable",
+            "run a Python script or module",
         )
     if a.master_addr or a.master_port or a.rdzv_endpoint:
         print(
@@ -99,8 +100,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     print(f"started job {job}", file=sys.stderr)
     st = _attach(c, job)
     if st["state"] == "FROZEN":
-        print(f"job {job} was frozen and stopped; thaw it with `snapshotter thaw`",
-              file=sys.stderr)
+        print(f"job {job} was frozen and stopped; thaw it with `snapshotter thaw`", file=sys.stderr)
     emit_result(st, a.json, None)
     return int(st.get("exit_code") or 0)
 
@@ -165,12 +165,18 @@ def cmd_freeze(a: argparse.Namespace) -> int:
 
 def cmd_thaw(a: argparse.Namespace) -> int:
     c = _client()
-    req = {"snapshot_id": a.snapshot, "job_id": a.job_id,
-           "nodes": a.nodes.split(",") if a.nodes else None}
+    req = {
+        "snapshot_id": a.snapshot,
+        "job_id": a.job_id,
+        "nodes": a.nodes.split(",") if a.nodes else None,
+    }
     res = _drive(c.stream("Thaw", req), Progress(a.json), "done")
     st = res["stats"]
-    print(f"job {res['job_id']} thawed from {a.snapshot}: fetch+verify {st['fetch_s']:.2f}s, "
-          f"restore {st['restore_s']:.2f}s", file=sys.stderr)
+    print(
+        f"job {res['job_id']} thawed from {a.snapshot}: fetch+verify {st['fetch_s']:.2f}s, "
+        f"restore {st['restore_s']:.2f}s",
+        file=sys.stderr,
+    )
     emit_result(res, a.json, res["job_id"])
     return 0
 
@@ -178,15 +184,25 @@ def cmd_thaw(a: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- queries
 def cmd_jobs(a: argparse.Namespace) -> int:
     res = _client().call("Jobs")
-    rows = [[j["job_id"], j["state"], str(len(j["ranks"])), ",".join(j["nodes"]),
-             str(len(j["snapshots"]))] for j in res["jobs"]]
+    rows = [
+        [
+            j["job_id"],
+            j["state"],
+            str(len(j["ranks"])),
+            ",".join(j["nodes"]),
+            str(len(j["snapshots"])),
+        ]
+        for j in res["jobs"]
+    ]
     emit_result(res, a.json, None, table(rows, ["JOB", "STATE", "RANKS", "NODES", "SNAPSHOTS"]))
     return 0
 
 
 def _status_text(st: Msg) -> str:
-    lines = [f"job {st['job_id']}: {st['state']}  ({st['nnodes']} node(s) x "
-             f"{st['nproc_per_node']} rank(s); {st['script']})"]
+    lines = [
+        f"job {st['job_id']}: {st['state']}  ({st['nnodes']} node(s) x "
+        f"{st['nproc_per_node']} rank(s); {st['script']})"
+    ]
     for r in st["ranks"]:
         code = "" if r.get("exit_code") is None else f" exit {r['exit_code']}"
         lines.append(f"  rank {r['rank']}: pid {r['pid']}{code}")
@@ -236,9 +252,16 @@ def cmd_cancel(a: argparse.Namespace) -> int:
 
 def cmd_list(a: argparse.Namespace) -> int:
     res = _client().call("List", {"job_id": a.job})
-    rows = [[s["snapshot_id"], s["job_id"] or "", str(s["ranks"]), human_bytes(s["stored_bytes"]),
-             time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(s["created"]))]
-            for s in res["snapshots"]]
+    rows = [
+        [
+            s["snapshot_id"],
+            s["job_id"] or "",
+            str(s["ranks"]),
+            human_bytes(s["stored_bytes"]),
+            time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(s["created"])),
+        ]
+        for s in res["snapshots"]
+    ]
     emit_result(res, a.json, None, table(rows, ["SNAPSHOT", "JOB", "RANKS", "STORED", "CREATED"]))
     return 0
 
@@ -257,8 +280,12 @@ def cmd_delete(a: argparse.Namespace) -> int:
 
 def cmd_down(a: argparse.Namespace) -> int:
     stopped = stop_embedded(_paths(), a.force)
-    emit_result({"stopped": stopped}, a.json, None,
-                "embedded coordinator stopped" if stopped else "nothing running")
+    emit_result(
+        {"stopped": stopped},
+        a.json,
+        None,
+        "embedded coordinator stopped" if stopped else "nothing running",
+    )
     return 0
 
 
@@ -272,7 +299,9 @@ def build_parser() -> argparse.ArgumentParser:
     )
     sub = p.add_subparsers(dest="cmd", required=True)
 
-    def add(name: str, fn: Callable[[argparse.Namespace], int], help_: str) -> argparse.ArgumentParser:
+    def add(
+        name: str, fn: Callable[[argparse.Namespace], int], help_: str
+    ) -> argparse.ArgumentParser:
         sp = sub.add_parser(name, parents=[common], help=help_)
         sp.set_defaults(fn=fn)
         return sp
@@ -280,8 +309,13 @@ def build_parser() -> argparse.ArgumentParser:
     r = add("run", cmd_run, "launch a job (torchrun-compatible flags)")
     r.add_argument("--nproc-per-node", "--nproc_per_node", default="1")
     r.add_argument("--nnodes", default="1")
-    r.add_argument("--node-rank", "--node_rank", type=int, default=0,
-                   help="accepted for torchrun compatibility; the coordinator places nodes")
+    r.add_argument(
+        "--node-rank",
+        "--node_rank",
+        type=int,
+        default=0,
+        help="accepted for torchrun compatibility; the coordinator places nodes",
+    )
     r.add_argument("--master-addr", "--master_addr", default=None)
     r.add_argument("--master-port", "--master_port", type=int, default=None)
     r.add_argument("--rdzv-backend", "--rdzv_backend", default=None)

@@ -77,5 +77,7 @@ def emit_result(result: Msg, as_json: bool, last_line: str | None, text: str = "
 def table(rows: list[list[str]], header: list[str]) -> str:
     cols = [header, *rows]
     widths = [max(len(str(r[i])) for r in cols) for i in range(len(header))]
-    lines = ["  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cols]
+    lines = [
+        "  ".join(str(c).ljust(w) for c, w in zip(r, widths, strict=True)).rstrip() for r in cols
+    ]
     return "\n".join(lines)

@@ -26,7 +26,13 @@ How the handle gets into the script without touching it (`install`):
   `all_gather_into_tensor`, which calls the non-virtual-in-Python `_allgather_base`) lands on
   that backend and raises instead of silently doing nothing.
 
-Not resumable, and refused loudly: multi-backend groups ("cpu:gloo,cuda:nccl"), NCCL,
+NCCL groups get the same treatment where torch has NCCL (`ResumableNcclGroup`, installed only
+then, so CPU builds are unchanged): the inner backend is a real `ProcessGroupNCCL`; teardown
+synchronizes the CUDA devices (no pending work), then shuts the communicator down; a rebuild
+makes a new one, whose communicator NCCL creates lazily at the next collective, reading its
+environment (NCCL_SOCKET_IFNAME, ...) as the agent set it for the new node.
+
+Not resumable, and refused loudly: multi-backend groups ("cpu:gloo,cuda:nccl"),
 `split_group`/`merge_remote_group`, the coalescing manager on the outer group.
 
 Imports only stdlib and torch.
@@ -52,6 +58,8 @@ from snapshotter.hook.sockets import Owned
 _REAL_GLOO: Any = c10d.ProcessGroupGloo
 BACKEND_NAME = "snapshotter-gloo"
 _GLOO = dist.ProcessGroup.BackendType.GLOO
+_REAL_NCCL: Any = getattr(c10d, "ProcessGroupNCCL", None)  # None in CPU-only torch builds
+NCCL_BACKEND_NAME = "snapshotter-nccl"
 
 # Every entry point of torch.distributed that issues a collective or p2p op on a group.
 COLLECTIVES = (
@@ -126,6 +134,9 @@ def _devices() -> list[torch.device]:
 class ResumableProcessGroup(dist.ProcessGroup):
     """The handle a script holds; forwards to a rebuildable inner gloo group."""
 
+    _backend_type = _GLOO
+    _backend_name = BACKEND_NAME
+
     def __init__(
         self,
         registry: GroupRegistry,
@@ -145,14 +156,14 @@ class ResumableProcessGroup(dist.ProcessGroup):
         self._inner: Any = None
         self._inner_lock = threading.Lock()
         self.options = _Options(list(global_ranks), key, timeout)
-        self._set_default_backend(_GLOO)
+        self._set_default_backend(self._backend_type)
         fake_opts: Any = FakeProcessGroup.Options()  # type: ignore[call-arg]
         fake_opts.error_on_collective = True
         # Keep the fake alive on the Python side too: the C++ map holds only its C++ half.
         create: Any = FakeProcessGroup._create_internal
         self._fake = create(rank, size, fake_opts)
-        for dev in _devices():
-            self._register_backend(dev, _GLOO, self._fake)
+        for dev in self._backend_devices():
+            self._register_backend(dev, self._backend_type, self._fake)
 
     @property
     def key(self) -> str:
@@ -162,21 +173,28 @@ class ResumableProcessGroup(dist.ProcessGroup):
         # C++ code that sees "gloo" static_casts the registered backend to ProcessGroupGloo
         # (DDP's Logger reads its thread count); ours is a FakeProcessGroup, so never say "gloo"
         # there. Python's dist.get_backend() reads torch's own table and still says "gloo".
-        return BACKEND_NAME
+        return self._backend_name
+
+    def _backend_devices(self) -> list[torch.device]:
+        return _devices()
+
+    def _make_backend(self, store: dist.Store) -> Any:
+        backend = _REAL_GLOO(store, self.rank(), self.size(), timeout=self._timeout)
+        backend.options.global_ranks_in_group = self._global_ranks
+        backend.options.group_name = self._key
+        return backend
 
     # ---- communicator lifecycle ----------------------------------------------------------
 
     def _build(self, store: dist.Store) -> None:
         owned = self._registry.owned
         with owned.track():
-            backend = _REAL_GLOO(store, self.rank(), self.size(), timeout=self._timeout)
-            backend.options.global_ranks_in_group = self._global_ranks
-            backend.options.group_name = self._key
+            backend = self._make_backend(store)
             backend._set_sequence_number_for_group()
         inner = dist.ProcessGroup(store, self.rank(), self.size())
-        inner._set_default_backend(_GLOO)
-        for dev in _devices():
-            inner._register_backend(dev, _GLOO, backend)
+        inner._set_default_backend(self._backend_type)
+        for dev in self._backend_devices():
+            inner._register_backend(dev, self._backend_type, backend)
         with self._inner_lock:
             self._inner = inner
 
@@ -327,15 +345,22 @@ class GroupRegistry:
             return list(self._groups)
 
     def create(
-        self, ctx: _Creating, store: dist.Store, rank: int, size: int, timeout: timedelta
+        self,
+        ctx: _Creating,
+        store: dist.Store,
+        rank: int,
+        size: int,
+        timeout: timedelta,
+        nccl_options: Any = None,
     ) -> ResumableProcessGroup:
         if "," in ctx.backend or ":" in ctx.backend:
             raise NotResumable(
                 f"snapshotter: multi-backend process groups ({ctx.backend!r}) are not resumable"
             )
-        pg = ResumableProcessGroup(
-            self, ctx.group_name, store, rank, size, timeout, ctx.global_ranks
-        )
+        cls = ResumableNcclGroup if "nccl" in ctx.backend.lower() else ResumableProcessGroup
+        pg = cls(self, ctx.group_name, store, rank, size, timeout, ctx.global_ranks)
+        if isinstance(pg, ResumableNcclGroup):
+            pg.nccl_options = nccl_options
         pg._build(store)
         with self._lock:
             self._groups.append(pg)
@@ -357,6 +382,45 @@ class GroupRegistry:
         for pg in self.groups():
             prefixed = dist.PrefixStore(f"snapshotter/{epoch}/{pg.key}/", store)
             pg._build(prefixed)
+
+
+class ResumableNcclGroup(ResumableProcessGroup):
+    """The same handle over a rebuildable inner NCCL group (only where torch has NCCL)."""
+
+    _backend_type = dist.ProcessGroup.BackendType.NCCL
+    _backend_name = NCCL_BACKEND_NAME
+    nccl_options: Any = None  # the ProcessGroupNCCL.Options the script's group was made with
+    _nccl: Any = None  # the current inner ProcessGroupNCCL
+
+    def _backend_devices(self) -> list[torch.device]:
+        return [torch.device("cuda")]
+
+    def _make_backend(self, store: dist.Store) -> Any:
+        opts = _REAL_NCCL.Options()
+        given = self.nccl_options
+        if given is not None:
+            opts.is_high_priority_stream = given.is_high_priority_stream
+        opts._timeout = self._timeout
+        opts.global_ranks_in_group = self._global_ranks
+        opts.group_name = self._key
+        # No split_from: the communicator it names is gone after a rebuild.
+        self._nccl = _REAL_NCCL(store, self.rank(), self.size(), opts)
+        return self._nccl
+
+    def _teardown(self) -> None:
+        with self._inner_lock:
+            inner, self._inner = self._inner, None
+        if inner is None:
+            return
+        # The barrier saw every collective complete; wait for the streams too, so that the
+        # communicator is destroyed with no work pending and no kernel holds the GPU.
+        for i in range(torch.cuda.device_count()):
+            torch.cuda.synchronize(i)
+        backend, self._nccl = self._nccl, None
+        try:
+            backend.shutdown()
+        except Exception:  # noqa: BLE001 - a communicator that will not close is aborted
+            backend.abort()
 
 
 class _GlooFactoryMeta(type):
@@ -381,10 +445,34 @@ class _GlooFactoryMeta(type):
         return getattr(_REAL_GLOO, name)
 
 
+class _NcclFactoryMeta(type):
+    """`distributed_c10d.ProcessGroupNCCL` that builds resumable NCCL groups in the helper."""
+
+    registry: GroupRegistry
+
+    def __instancecheck__(cls, obj: Any) -> bool:
+        return isinstance(obj, (_REAL_NCCL, ResumableNcclGroup))
+
+    def __call__(cls, store: dist.Store, rank: int, size: int, options: Any = None) -> Any:
+        ctx = _creating.get()
+        if ctx is None:
+            return _REAL_NCCL(store, rank, size, options) if options is not None else (
+                _REAL_NCCL(store, rank, size))
+        timeout = getattr(options, "_timeout", None) or c10d.default_pg_timeout
+        return cls.registry.create(ctx, store, rank, size, timeout, nccl_options=options)
+
+    def __getattr__(cls, name: str) -> Any:
+        return getattr(_REAL_NCCL, name)  # Options, ...
+
+
 def install(registry: GroupRegistry) -> None:
-    """Route every gloo group torch creates from now on through `registry`."""
+    """Route every gloo (and, where torch has it, NCCL) group torch creates from now on
+    through `registry`."""
     if getattr(c10d, "_snapshotter_installed", False):
         return
+    if _REAL_NCCL is not None:
+        nccl = _NcclFactoryMeta("ProcessGroupNCCL", (), {"registry": registry})
+        c10d.ProcessGroupNCCL = nccl  # type: ignore[misc,assignment,attr-defined]
     factory = _GlooFactoryMeta("ProcessGroupGloo", (), {"registry": registry})
     original: Any = c10d._new_process_group_helper
 

@@ -120,7 +120,9 @@ class Server:
             handlers[meth] = grpc.unary_stream_rpc_method_handler(
                 _wrap_stream(sfn), request_deserializer=_loads, response_serializer=_dumps
             )
-        self._server.add_generic_rpc_handlers((grpc.method_handlers_generic_handler(name, handlers),))
+        self._server.add_generic_rpc_handlers(
+            (grpc.method_handlers_generic_handler(name, handlers),)
+        )
 
     def start(self) -> None:
         self._server.start()

@@ -57,7 +57,11 @@ def test_concurrent_freeze_refused_and_quiesce_deadline(snap: SnapCli, tmp_path:
     snap.wait_step(job, 30)
     first = subprocess.Popen(
         [sys.executable, "-m", "snapshotter", "freeze", job, "--quiesce-timeout", "8"],
-        env=snap.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        env=snap.env,
+        cwd=ROOT,
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
     )
     try:
         assert first.stderr is not None
@@ -91,7 +95,9 @@ def test_concurrent_freeze_refused_and_quiesce_deadline(snap: SnapCli, tmp_path:
 
 def _start_socket_job(snap: SnapCli, *args: str) -> str:
     script = ROOT / "tests" / "support" / "jobs" / "holds_socket.py"
-    job = snap.run("run", "--detach", "--nproc-per-node", "2", str(script), *args).stdout.split()[-1]
+    job = snap.run("run", "--detach", "--nproc-per-node", "2", str(script), *args).stdout.split()[
+        -1
+    ]
     deadline = time.monotonic() + 60
     while "step 20 " not in (snap.log_path(job).read_text() if snap.log_path(job).exists() else ""):
         assert time.monotonic() < deadline, "job did not start"
@@ -122,8 +128,9 @@ def test_failed_criu_dump_reports_log_and_job_continues(snap: SnapCli, tmp_path:
     srv.bind(path)
     srv.listen(8)
     conns: list[socket.socket] = []
-    threading.Thread(target=lambda: [conns.append(srv.accept()[0]) for _ in range(2)],
-                     daemon=True).start()
+    threading.Thread(
+        target=lambda: [conns.append(srv.accept()[0]) for _ in range(2)], daemon=True
+    ).start()
     try:
         job = _start_socket_job(snap, "unix", path)
         p = snap.run("freeze", job, check=False)
@@ -179,7 +186,9 @@ def test_storage_unreachable_fails_cleanly(tmp_path: Path) -> None:
     env = {
         "SNAPSHOTTER_STORE": "s3://nobucket/snaps",
         "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
-        "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "y", "AWS_REGION": "us-east-1",
+        "AWS_ACCESS_KEY_ID": "x",
+        "AWS_SECRET_ACCESS_KEY": "y",
+        "AWS_REGION": "us-east-1",
     }
     cli = SnapCli(tmp_path / "home", env)
     try:

@@ -41,8 +41,9 @@ def _store_files(home: Path) -> list[str]:
     return sorted(str(p.relative_to(store)) for p in store.rglob("*") if p.is_file())
 
 
-def test_freeze_stop_then_thaw_is_bit_identical(snap: SnapCli, tmp_path: Path,
-                                                reference: dict) -> None:
+def test_freeze_stop_then_thaw_is_bit_identical(
+    snap: SnapCli, tmp_path: Path, reference: dict
+) -> None:
     out = tmp_path / "out.json"
     job = snap.start_job(out, *ARGS)
     at = snap.wait_step(job, 60)
@@ -65,13 +66,17 @@ def test_freeze_stop_then_thaw_is_bit_identical(snap: SnapCli, tmp_path: Path,
     assert st["state"] == "SUCCEEDED", st
     assert read_result(out) == reference
     # The log shows one uninterrupted sequence of steps across the freeze.
-    steps = [int(line.split()[3]) for line in snap.log_path(job).read_text().splitlines()
-             if line.startswith("rank 0 step ")]
+    steps = [
+        int(line.split()[3])
+        for line in snap.log_path(job).read_text().splitlines()
+        if line.startswith("rank 0 step ")
+    ]
     assert steps == list(range(1, int(STEPS) + 1))
 
 
-def test_freeze_and_continue_is_bit_identical(snap: SnapCli, tmp_path: Path,
-                                              reference: dict) -> None:
+def test_freeze_and_continue_is_bit_identical(
+    snap: SnapCli, tmp_path: Path, reference: dict
+) -> None:
     out = tmp_path / "out.json"
     job = snap.start_job(out, *ARGS)
     snap.wait_step(job, 40)
@@ -84,8 +89,9 @@ def test_freeze_and_continue_is_bit_identical(snap: SnapCli, tmp_path: Path,
     assert res["snapshot_id"] in [s["snapshot_id"] for s in snap.json("list")["snapshots"]]
 
 
-def test_thaw_a_fork_while_the_original_runs(snap: SnapCli, tmp_path: Path,
-                                             reference: dict) -> None:
+def test_thaw_a_fork_while_the_original_runs(
+    snap: SnapCli, tmp_path: Path, reference: dict
+) -> None:
     out = tmp_path / "out.json"
     job = snap.start_job(out, *ARGS)
     snap.wait_step(job, 40)
@@ -102,8 +108,9 @@ def test_thaw_a_fork_while_the_original_runs(snap: SnapCli, tmp_path: Path,
     assert st["state"] == "SUCCEEDED", st
     assert read_result(out) == reference
     # Each job kept its own log; the fork's continues after the freeze point.
-    fork_steps = [ln for ln in snap.log_path(fork).read_text().splitlines()
-                  if ln.startswith("rank 0 step ")]
+    fork_steps = [
+        ln for ln in snap.log_path(fork).read_text().splitlines() if ln.startswith("rank 0 step ")
+    ]
     assert fork_steps and fork_steps[-1].startswith(f"rank 0 step {STEPS} ")
 
 

@@ -33,8 +33,13 @@ def test_freeze_stop_thaw_through_s3(tmp_path: Path, seaweed_server: SeaweedServ
         assert cli.json("status", job)["state"] == "FROZEN"
 
         s3 = seaweed_server.client()
-        keys = [o["Key"] for page in s3.get_paginator("list_objects_v2").paginate(
-            Bucket=seaweed_server.bucket, Prefix="e2e/") for o in page.get("Contents", [])]
+        keys = [
+            o["Key"]
+            for page in s3.get_paginator("list_objects_v2").paginate(
+                Bucket=seaweed_server.bucket, Prefix="e2e/"
+            )
+            for o in page.get("Contents", [])
+        ]
         assert f"e2e/snapshots/{snapshot}/manifest.json" in keys
         assert sum(1 for k in keys if f"e2e/snapshots/{snapshot}/chunks/rank-" in k) >= 2
         assert not (tmp_path / "home" / "store").exists()  # nothing went to the local default

@@ -36,7 +36,11 @@ class SnapCli:
     ) -> subprocess.CompletedProcess[str]:
         p = subprocess.run(
             [sys.executable, "-m", "snapshotter", *args],
-            env=self.env, cwd=cwd or ROOT, capture_output=True, text=True, timeout=timeout,
+            env=self.env,
+            cwd=cwd or ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
         )
         self._remember()
         if check and p.returncode != 0:
@@ -50,8 +54,9 @@ class SnapCli:
         p = self.run(*args, "--json", check=check, timeout=timeout)
         return json.loads(p.stdout.strip().splitlines()[-1])
 
-    def start_job(self, out: Path, *train_args: str, job_id: str | None = None,
-                  nproc: int = 2) -> str:
+    def start_job(
+        self, out: Path, *train_args: str, job_id: str | None = None, nproc: int = 2
+    ) -> str:
         args = ["run", "--detach", "--nproc-per-node", str(nproc)]
         if job_id:
             args += ["--job-id", job_id]
@@ -78,13 +83,17 @@ class SnapCli:
             time.sleep(0.2)
         raise AssertionError(
             f"job {job} did not reach step {step} in {timeout}s; log:\n"
-            + (self.log_path(job).read_text(errors="replace")[-3000:]
-               if self.log_path(job).exists() else "(no log)")
+            + (
+                self.log_path(job).read_text(errors="replace")[-3000:]
+                if self.log_path(job).exists()
+                else "(no log)"
+            )
         )
 
     def wait(self, job: str, timeout: float = 300) -> dict[str, Any]:
-        st: dict[str, Any] = self.json("wait", job, "--timeout", str(timeout),
-                                       check=False, timeout=timeout + 60)
+        st: dict[str, Any] = self.json(
+            "wait", job, "--timeout", str(timeout), check=False, timeout=timeout + 60
+        )
         return st
 
     def _daemon_pid(self) -> int | None:

@@ -4,7 +4,14 @@ from datetime import UTC, datetime
 
 import pytest
 
-from coordinator.decisions import JobPhase, exit_code, job_phase, pick_targets, snapshot_id, thaw_job_id
+from coordinator.decisions import (
+    JobPhase,
+    exit_code,
+    job_phase,
+    pick_targets,
+    snapshot_id,
+    thaw_job_id,
+)
 from snapshotter import errors
 
 

@@ -12,8 +12,13 @@ def test_placements_are_node_major() -> None:
 
 def test_rank_env_sets_torchrun_variables() -> None:
     p = placements(1, 2, 0)[1]
-    env = rank_env({"PATH": "/bin", "GLOO_SOCKET_IFNAME": "eth9"}, p,
-                   StoreAddress("10.0.0.1", 1234), "job-x", {"GLOO_SOCKET_IFNAME": "veth0"})
+    env = rank_env(
+        {"PATH": "/bin", "GLOO_SOCKET_IFNAME": "eth9"},
+        p,
+        StoreAddress("10.0.0.1", 1234),
+        "job-x",
+        {"GLOO_SOCKET_IFNAME": "veth0"},
+    )
     assert env["RANK"] == "1" and env["LOCAL_RANK"] == "1"
     assert env["WORLD_SIZE"] == "2" and env["LOCAL_WORLD_SIZE"] == "2"
     assert env["MASTER_ADDR"] == "10.0.0.1" and env["MASTER_PORT"] == "1234"
@@ -38,5 +43,10 @@ def test_resume_env_points_at_the_new_store() -> None:
 
 def test_rank_argv_goes_through_bootstrap() -> None:
     assert rank_argv("/py", "t.py", ["--a"], module=False) == [
-        "/py", "-m", "snapshotter.hook.bootstrap", "t.py", "--a"]
+        "/py",
+        "-m",
+        "snapshotter.hook.bootstrap",
+        "t.py",
+        "--a",
+    ]
     assert rank_argv("/py", "pkg.mod", [], module=True)[-2:] == ["-m", "pkg.mod"]

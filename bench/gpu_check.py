@@ -1,0 +1,295 @@
+"""Device check: freeze and thaw real CUDA jobs through the agent's own pieces, and time it.
+
+Two cases, each against an uninterrupted reference run of the same job:
+  single  one CUDA training process
+  nccl    two DDP ranks over NCCL sharing GPU 0
+
+For each: (a) freeze-and-continue (park, suspend, GPU lock+checkpoint, CRIU dump, GPU
+restore+unlock, resume) and the job must finish bit-identical to the reference; (b) thaw the
+dumped images as a new job (CRIU restore, GPU restore+unlock, resume with a new store) and it
+must finish bit-identical too. Reports GB/s of GPU state captured and restored and the stall.
+
+Uses only stdlib, torch and cuda-python beside snapshotter itself (no gRPC, no object store),
+because the device machine has no package registry. `--driver fake --device cpu` runs the
+same orchestration on a machine without a GPU (the rehearsal): the fake driver stands in for
+cuda.bindings.driver and the job trains on CPU over gloo.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import re
+import sys
+import threading
+import time
+import uuid
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from coordinator.decisions import pick_targets  # noqa: E402
+from snapshotter.agent.logs import LogPump  # noqa: E402
+from snapshotter.agent.rankctl import RankChannel  # noqa: E402
+from snapshotter.agent.storeserver import StoreServer  # noqa: E402
+from snapshotter.gpu.cuda import CudaDriver, detect  # noqa: E402
+from snapshotter.gpu.stage import GpuStage, GpuStageSettings  # noqa: E402
+from snapshotter.launch.env import placements, rank_argv, rank_env, resume_env  # noqa: E402
+from snapshotter.sandbox import criu  # noqa: E402
+from snapshotter.sandbox.spawn import Sandbox, become_subreaper, spawn  # noqa: E402
+
+JOB = ROOT / "bench" / "gpu_job.py"
+T = 120.0  # every control request's timeout
+
+
+def out(**kw: Any) -> None:
+    print(json.dumps(kw), flush=True)
+
+
+class Job:
+    """A node's ranks, as the agent holds them: sandbox, control channel, log file."""
+
+    def __init__(self, work: Path, name: str, nproc: int, args: list[str]) -> None:
+        self.work, self.name, self.nproc, self.args = work, name, nproc, args
+        self.store = StoreServer(sys.executable, "127.0.0.1", {"PATH": "/usr/bin:/bin"})
+        self.sandboxes: list[Sandbox] = []
+        self.channels: list[RankChannel] = []
+        self.pumps: list[LogPump] = []
+        self.inits: list[str] = []
+
+    def log(self, rank: int) -> Path:
+        return self.work / f"{self.name}-rank{rank}.log"
+
+    def _attach(self, rank: int, sb: Sandbox) -> None:
+        self.sandboxes.append(sb)
+        self.channels.append(RankChannel(rank, sb.io.ctl_in, sb.io.ctl_out))
+        self.pumps.append(LogPump(self.log(rank), [sb.io.stdout, sb.io.stderr]))
+
+    def start(self, env: dict[str, str]) -> None:
+        argv = rank_argv(sys.executable, str(JOB), self.args, False)
+        for p in placements(1, self.nproc, 0):
+            cwd = self.work / f"init-{self.name}-{p.rank}-{uuid.uuid4().hex[:6]}"
+            cwd.mkdir(parents=True)
+            self.inits.append(str(cwd))
+            e = rank_env(env, p, self.store.address, self.name)
+            self._attach(p.rank, spawn(argv, e, str(ROOT), init_cwd=cwd))
+
+    def restore(self, images: Path, inodes: list[dict[str, int]], inits: list[str]) -> None:
+        for rank in range(self.nproc):
+            Path(inits[rank]).mkdir(parents=True, exist_ok=True)
+            sb = criu.restore(images / f"rank-{rank}", inodes[rank],
+                              log_dir=self.work / "criu-logs" / f"restore-{rank}")
+            self._attach(rank, sb)
+
+    def step(self) -> int:
+        last = -1
+        for r in range(self.nproc):
+            found = re.findall(r"^step (\d+)$", self.log(r).read_text(errors="replace"), re.M)
+            last = max(last, int(found[-1])) if found else last
+        return last
+
+    def wait_step(self, n: int, timeout: float = 300) -> None:
+        deadline = time.monotonic() + timeout
+        while self.step() < n:
+            self._check_alive()
+            if time.monotonic() > deadline:
+                raise TimeoutError(f"{self.name}: step {n} not reached; see {self.log(0)}")
+            time.sleep(0.05)
+
+    def _check_alive(self) -> None:
+        for r, sb in enumerate(self.sandboxes):
+            if sb.poll() not in (None, 0):
+                raise RuntimeError(f"{self.name} rank {r} died: {self.log(r).read_text()[-3000:]}")
+
+    def results(self, timeout: float = 600) -> list[dict[str, Any]]:
+        for sb in self.sandboxes:
+            code = sb.wait(timeout)
+            if code != 0:
+                raise RuntimeError(f"{self.name} exited {code}: {self.log(0).read_text()[-3000:]}")
+        for p in self.pumps:
+            p.join(timeout=5)
+        res = []
+        for r in range(self.nproc):
+            m = re.findall(r"^RESULT (.*)$", self.log(r).read_text(errors="replace"), re.M)
+            res.append(json.loads(m[-1]))
+        return res
+
+    def each(self, fn: Callable[[int], Any]) -> list[Any]:
+        got: dict[int, Any] = {}
+        errs: list[BaseException] = []
+
+        def run(r: int) -> None:
+            try:
+                got[r] = fn(r)
+            except BaseException as e:  # noqa: BLE001 - re-raised below
+                errs.append(e)
+
+        ts = [threading.Thread(target=run, args=(r,)) for r in range(self.nproc)]
+        for t in ts:
+            t.start()
+        for t in ts:
+            t.join()
+        if errs:
+            raise errs[0]
+        return [got[r] for r in range(self.nproc)]
+
+    def quiesce(self, fid: str) -> None:
+        counts = self.each(lambda r: self.channels[r].request(
+            {"op": "prepare", "freeze": fid}, "counts", T)["counts"])
+        targets = pick_targets(dict(enumerate(counts)))
+        for ch in self.channels:
+            ch.send({"op": "park", "freeze": fid, "targets": targets})
+        self.each(lambda r: self.channels[r].expect("parked", fid, T))
+        self.each(lambda r: self.channels[r].request({"op": "suspend", "freeze": fid},
+                                                     "suspended", T))
+
+    def resume(self, fid: str, store: StoreServer) -> None:
+        a = store.address
+        msg = {"op": "resume", "freeze": fid, "store": {"host": a.host, "port": a.port},
+               "epoch": fid, "env": resume_env(a, {})}
+        self.each(lambda r: self.channels[r].request(dict(msg), "resumed", T))
+
+    def close(self) -> None:
+        for sb in self.sandboxes:
+            if sb.poll() is None:
+                sb.kill()
+                sb.wait(10)
+        self.store.stop()
+
+
+def case(name: str, nproc: int, a: argparse.Namespace, stage: GpuStage,
+         fake: Any, work: Path) -> dict[str, Any]:
+    args = ["--steps", str(a.steps), "--device", a.device, "--width", str(a.width),
+            "--layers", str(a.layers), "--step-sleep", str(a.step_sleep)]
+    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
+           "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "SNAPSHOTTER_HOLD_S": "120"}
+    res: dict[str, Any] = {"case": name, "nproc": nproc}
+
+    ref = Job(work, f"{name}-ref", nproc, args)
+    try:
+        ref.start(env)
+        reference = ref.results()
+        res["reference"] = [r["digest"][:16] for r in reference]
+    finally:
+        ref.close()
+
+    job = Job(work, f"{name}-live", nproc, args)
+    images = work / f"{name}-images"
+    try:
+        job.start(env)
+        job.wait_step(a.freeze_at)
+        if fake is not None:  # the fake learns which processes "have CUDA state"
+            from snapshotter.gpu.stage import sandbox_pids
+
+            for sb in job.sandboxes:
+                fake.add_process(sandbox_pids(sb.pid)[0])
+        fid = f"f{uuid.uuid4().hex[:8]}"
+        t_park = time.monotonic()
+        job.quiesce(fid)
+        t0 = time.monotonic()
+        hold = stage.freeze({r: sb.pid for r, sb in enumerate(job.sandboxes)})
+        t_ckpt = time.monotonic() - t0
+        t1 = time.monotonic()
+        job.each(lambda r: criu.dump(job.sandboxes[r].pid, images / f"rank-{r}",
+                                     leave_running=True,
+                                     log_dir=work / "criu-logs" / f"{name}-dump-{r}"))
+        t_dump = time.monotonic() - t1
+        t2 = time.monotonic()
+        stage.release(hold)
+        t_release = time.monotonic() - t2
+        job.resume(fid, job.store)
+        stall = time.monotonic() - t_park
+        gpu_bytes = hold.state_bytes()
+        recorded = {r: rg.gpus for r, rg in hold.ranks.items()}
+        image_bytes = sum(f.stat().st_size for f in images.rglob("*") if f.is_file())
+        live = job.results()
+        inodes = [dict(sb.io.inodes) for sb in job.sandboxes]
+        inits = list(job.inits)
+    finally:
+        job.close()
+    res.update(
+        freeze_continue_identical=[r["digest"] for r in live] == [r["digest"] for r in reference],
+        gpu_state_bytes=gpu_bytes, image_bytes=image_bytes,
+        gpu_checkpoint_s=round(t_ckpt, 3), criu_dump_s=round(t_dump, 3),
+        gpu_restore_after_dump_s=round(t_release, 3), stall_s=round(stall, 3),
+        capture_gbps=round(gpu_bytes / t_ckpt / 1e9, 2) if t_ckpt > 0 else None,
+    )
+
+    thaw = Job(work, f"{name}-thaw", nproc, args)
+    try:
+        mapping = stage.plan(recorded)
+        t3 = time.monotonic()
+        thaw.restore(images, inodes, inits)
+        t_criu_restore = time.monotonic() - t3
+        if fake is not None:  # restored from an image: CUDA state CHECKPOINTED
+            from snapshotter.gpu.stage import sandbox_pids
+
+            for sb in thaw.sandboxes:
+                fake.add_process(sandbox_pids(sb.pid)[0],
+                                 state=fake.CUprocessState.CU_PROCESS_STATE_CHECKPOINTED)
+        t4 = time.monotonic()
+        stage.thaw({r: sb.pid for r, sb in enumerate(thaw.sandboxes)}, recorded, mapping)
+        t_gpu_restore = time.monotonic() - t4
+        thaw.resume(f"t{uuid.uuid4().hex[:8]}", thaw.store)
+        thawed = thaw.results()
+    finally:
+        thaw.close()
+    res.update(
+        thaw_identical=[r["digest"] for r in thawed] == [r["digest"] for r in reference],
+        criu_restore_s=round(t_criu_restore, 3), gpu_restore_s=round(t_gpu_restore, 3),
+        restore_gbps=round(gpu_bytes / t_gpu_restore / 1e9, 2) if t_gpu_restore > 0 else None,
+    )
+    return res
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--driver", choices=["cuda", "fake"], default="cuda")
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--case", choices=["single", "nccl", "all"], default="all")
+    ap.add_argument("--steps", type=int, default=60)
+    ap.add_argument("--freeze-at", type=int, default=20)
+    ap.add_argument("--width", type=int, default=4096)
+    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--step-sleep", type=float, default=0.05)
+    ap.add_argument("--work", type=Path, default=Path("/tmp/snapshotter-gpu-check"))
+    a = ap.parse_args()
+    become_subreaper()
+    criu.criu_binary()  # fail early, with the install hint, when CRIU is not there
+    fake = None
+    if a.driver == "fake":
+        from snapshotter.gpu.fake import FakeCudaDriver
+
+        fake = FakeCudaDriver()
+        driver: CudaDriver | None = CudaDriver(fake)
+    else:
+        driver = detect()
+        if driver is None:
+            out(error="no usable NVIDIA driver / checkpoint API on this machine (see log)")
+            return 2
+        out(gpus=[g.to_dict() for g in driver.gpus()])
+    stage = GpuStage(driver, GpuStageSettings(lock_timeout_s=30, op_timeout_s=300))
+    a.work.mkdir(parents=True, exist_ok=True)
+    ok = True
+    for name, nproc in (("single", 1), ("nccl", 2)):
+        if a.case not in (name, "all"):
+            continue
+        t0 = time.monotonic()
+        try:
+            r = case(name, nproc, a, stage, fake, a.work / name)
+        except Exception as e:  # noqa: BLE001 - one case failing must not hide the other
+            out(case=name, error=f"{type(e).__name__}: {e}"[-4000:])
+            ok = False
+            continue
+        r["wall_s"] = round(time.monotonic() - t0, 1)
+        out(**r)
+        ok = ok and r["freeze_continue_identical"] and r["thaw_identical"]
+    out(summary="PASS" if ok else "FAIL")
+    return 0 if ok else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

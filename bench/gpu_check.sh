@@ -1,0 +1,51 @@
+#!/usr/bin/env bash
+# Device check for the GPU path (issue 4): freeze+thaw a single-process CUDA job and a
+# 2-rank NCCL DDP job sharing GPU 0; each must finish bit-identical to an uninterrupted run.
+# Prints one JSON line per case (GB/s of GPU state captured/restored, stall) and a summary.
+#
+# The device machine has torch + cuda-python but no package registry and no CRIU, so CRIU,
+# pycriu's protobuf and the sandbox init travel in build/device/ (ignored by git: /build/):
+#
+#   # on the dev machine, once (about 15 MB):
+#   bash bench/gpu_check.sh --pack
+#   # then with the device tool:
+#   run(command="bash bench/gpu_check.sh", carry=["build/device"], timeout_s=540)
+#
+# Rehearsal without a GPU (same orchestration, fake driver, CPU + gloo):
+#   bash bench/gpu_check.sh --rehearse
+#
+# Budget: two cases x (reference + freeze-continue + thaw) of a ~1.1 GB-parameter job (16
+# layers x 4096^2 fp32 plus AdamW state, ~3 GB of GPU state per rank); about 3-5 minutes.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+DEV=build/device
+
+if [[ "${1:-}" == "--pack" ]]; then
+    mkdir -p "$DEV"
+    tar -C / -czf "$DEV/criu.tgz" opt/snapshotter/criu
+    SITE=$(.venv/bin/python -c 'import google.protobuf, os; print(os.path.dirname(os.path.dirname(os.path.dirname(google.protobuf.__file__))))')
+    tar -C "$SITE" -czf "$DEV/protobuf.tgz" google/protobuf $(cd "$SITE" && ls -d protobuf-*.dist-info 2>/dev/null || true)
+    .venv/bin/python -c 'from snapshotter.sandbox.initbin import snapinit_path as p; print(p())' >/dev/null
+    cp snapshotter/sandbox/_bin/snapinit "$DEV/snapinit"
+    du -sh "$DEV"
+    exit 0
+fi
+
+if [[ "${1:-}" == "--rehearse" ]]; then
+    exec .venv/bin/python bench/gpu_check.py --driver fake --device cpu --steps 30 \
+        --freeze-at 10 --width 256 --layers 2 --work "${TMPDIR:-/tmp}/snapshotter-gpu-rehearsal"
+fi
+
+# ---- on the device machine ----
+PY=${PYTHON:-python3}
+[[ -f "$DEV/criu.tgz" ]] || { echo "missing $DEV/criu.tgz: run bench/gpu_check.sh --pack here and carry build/device" >&2; exit 2; }
+[[ -x /opt/snapshotter/criu/bin/criu ]] || tar -C / -xzf "$DEV/criu.tgz"
+mkdir -p "$DEV/py"
+[[ -d "$DEV/py/google/protobuf" ]] || tar -C "$DEV/py" -xzf "$DEV/protobuf.tgz"
+export PROTOCOL_BUFFERS_PYTHON_IMPLEMENTATION=python   # no compiled upb for this Python
+export PYTHONPATH="$PWD:/opt/snapshotter/criu/python:$PWD/$DEV/py${PYTHONPATH:+:$PYTHONPATH}"
+export SNAPSHOTTER_SNAPINIT="$PWD/$DEV/snapinit"
+nvidia-smi --query-gpu=name,uuid,memory.total,driver_version --format=csv,noheader || true
+/opt/snapshotter/criu/bin/criu --version | head -1
+"$PY" -c 'import torch, cuda.bindings; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "cuda-python", cuda.bindings.__version__)'
+exec timeout 520 "$PY" bench/gpu_check.py --driver cuda --device cuda "$@"
