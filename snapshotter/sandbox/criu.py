@@ -33,6 +33,7 @@ from pathlib import Path
 from typing import Any
 
 from snapshotter.errors import CriuFailed, CriuUnavailable, SandboxError
+from snapshotter.sandbox.images import ensure_socket_dirs
 from snapshotter.sandbox.spawn import PIPE_NAMES, Sandbox, is_subreaper, netns_path, new_pipes
 
 ENV_VAR = "SNAPSHOTTER_CRIU"
@@ -169,6 +170,7 @@ def restore(
             "call snapshotter.sandbox.spawn.become_subreaper() once at agent start",
         )
     log_dir.mkdir(parents=True, exist_ok=True)
+    ensure_socket_dirs(images_dir)
     log_name = f"restore-{next(_seq)}.log"
     ns_path = netns_path(netns) if netns is not None else None
     io, rank = new_pipes()
