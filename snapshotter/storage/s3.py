@@ -87,15 +87,17 @@ class S3Store(ObjectStore):
         if session.region_name is None and endpoint_url:
             region = "us-east-1"  # S3-compatible servers ignore it, but SigV4 needs one
         style = addressing_style or ("path" if endpoint_url else None)
+        retries: Any = {
+            "max_attempts": tuning.max_attempts or int(os.environ.get("AWS_MAX_ATTEMPTS", 5)),
+            "mode": os.environ.get("AWS_RETRY_MODE", "standard"),
+        }
+        s3_opts: Any = {"addressing_style": style} if style else None
         config = botocore.config.Config(
-            retries={
-                "max_attempts": tuning.max_attempts or int(os.environ.get("AWS_MAX_ATTEMPTS", 5)),
-                "mode": os.environ.get("AWS_RETRY_MODE", "standard"),
-            },
+            retries=retries,
             connect_timeout=tuning.connect_timeout_s,
             read_timeout=tuning.read_timeout_s,
             max_pool_connections=tuning.max_pool_connections,
-            s3={"addressing_style": style} if style else None,
+            s3=s3_opts,
         )
         self._client: Any = session.client(
             "s3", endpoint_url=endpoint_url, region_name=region or None, config=config
