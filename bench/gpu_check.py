@@ -20,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import re
+import shutil
 import sys
 import threading
 import time
@@ -85,11 +86,12 @@ class Job:
             self._attach(rank, sb)
 
     def step(self) -> int:
-        last = -1
+        """The step every rank has reached (a rank still starting up counts as -1)."""
+        steps = []
         for r in range(self.nproc):
             found = re.findall(r"^step (\d+)$", self.log(r).read_text(errors="replace"), re.M)
-            last = max(last, int(found[-1])) if found else last
-        return last
+            steps.append(int(found[-1]) if found else -1)
+        return min(steps)
 
     def wait_step(self, n: int, timeout: float = 300) -> None:
         deadline = time.monotonic() + timeout
@@ -272,6 +274,7 @@ def main() -> int:
             return 2
         out(gpus=[g.to_dict() for g in driver.gpus()])
     stage = GpuStage(driver, GpuStageSettings(lock_timeout_s=30, op_timeout_s=300))
+    shutil.rmtree(a.work, ignore_errors=True)  # logs are appended: start from nothing
     a.work.mkdir(parents=True, exist_ok=True)
     ok = True
     for name, nproc in (("single", 1), ("nccl", 2)):

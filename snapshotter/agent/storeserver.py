@@ -11,6 +11,7 @@ import json
 import os
 import select
 import subprocess
+import threading
 import time
 from collections.abc import Mapping
 
@@ -19,8 +20,16 @@ from snapshotter.launch.env import StoreAddress
 
 
 class StoreServer:
+    """Starts at construction; `address` waits for the server to report its port, so the
+    start overlaps whatever the caller does meanwhile (CRIU restores, on a thaw)."""
+
     def __init__(self, python: str, host: str, env: Mapping[str, str], timeout: float = 60.0):
         self.host = host
+        self._python = python
+        self._timeout = timeout
+        self._started = time.monotonic()
+        self._address: StoreAddress | None = None
+        self._lock = threading.Lock()
         self._proc = subprocess.Popen(
             [python, "-m", "snapshotter.hook.store_server", "--host", host, "--port", "0"],
             stdin=subprocess.PIPE,
@@ -29,9 +38,19 @@ class StoreServer:
             env=dict(env),
             start_new_session=True,
         )
+
+    @property
+    def address(self) -> StoreAddress:
+        """Raises: ServiceUnavailable if the server did not report its port in time."""
+        with self._lock:
+            if self._address is None:
+                self._address = self._await_port()
+            return self._address
+
+    def _await_port(self) -> StoreAddress:
         assert self._proc.stdout is not None
         fd = self._proc.stdout.fileno()
-        deadline = time.monotonic() + timeout
+        deadline = self._started + self._timeout
         line = b""
         while not line.endswith(b"\n"):
             left = deadline - time.monotonic()
@@ -39,7 +58,7 @@ class StoreServer:
                 err = self._stderr_tail()
                 self.stop()
                 raise errors.ServiceUnavailable(
-                    f"the job's store server did not start with {python}: {err}",
+                    f"the job's store server did not start with {self._python}: {err}",
                     "check that this Python has torch installed (the job's own dependency)",
                 )
             r, _, _ = select.select([fd], [], [], min(left, 0.5))
@@ -49,7 +68,7 @@ class StoreServer:
                     continue
                 line += chunk
         info = json.loads(line.decode().strip().splitlines()[-1])
-        self.address = StoreAddress(host=str(info["host"]), port=int(info["port"]))
+        return StoreAddress(host=str(info["host"]), port=int(info["port"]))
 
     def _stderr_tail(self) -> str:
         if self._proc.poll() is None or self._proc.stderr is None:

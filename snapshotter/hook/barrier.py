@@ -14,14 +14,19 @@ rank can run past the maximum it just reported; without the hold a rank would ra
 chosen target while the agent is still computing it. A hold that is never followed by `arm` or
 `abort` is let go by `expire_hold`.
 
+Process-group setup (rendezvous, group creation) uses the store and connects communicators, so
+it is gated too (`setup`): a freeze is refused while a setup runs, a setup started during a
+freeze waits until the freeze is over, and a rank is never reported quiesced mid-setup.
+
 This module knows nothing of torch or of the control channel; it must never do I/O.
 """
 
 from __future__ import annotations
 
+import contextlib
 import enum
 import threading
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
 
 
@@ -80,6 +85,7 @@ class QuiesceBarrier:
         self._targets: dict[str, int] = {}
         self._freeze: str = ""
         self._parked_at: ParkPoint | None = None
+        self._setups = 0
 
     # ---- group lifecycle -------------------------------------------------------------------
 
@@ -90,6 +96,25 @@ class QuiesceBarrier:
     def remove_group(self, key: str) -> None:
         with self._cond:
             self._issued.pop(key, None)
+
+    @contextlib.contextmanager
+    def setup(self) -> Iterator[None]:
+        """Bracket a process-group setup; waits while a freeze holds, parks or suspends."""
+        with self._cond:
+            while self._state in (State.HOLDING, State.PARKED, State.SUSPENDED):
+                self._cond.wait()
+            self._setups += 1
+        try:
+            yield
+        finally:
+            report: tuple[str, ParkPoint | None] | None = None
+            with self._cond:
+                self._setups -= 1
+                self._cond.notify_all()
+                if self._state is State.ARMED:
+                    report = self._quiesced_locked()
+            if report is not None:
+                self._on_parked(*report)
 
     # ---- the collective path ---------------------------------------------------------------
 
@@ -143,6 +168,8 @@ class QuiesceBarrier:
         return False
 
     def _quiesced_locked(self) -> tuple[str, ParkPoint | None] | None:
+        if self._setups:
+            return None
         if self._in_flight == 0 and (self._parked_at is not None or not self._issued):
             self._state = State.PARKED
             self._cond.notify_all()
@@ -166,6 +193,11 @@ class QuiesceBarrier:
             if self._state not in (State.IDLE, State.HOLDING):
                 raise BarrierError(
                     f"cannot prepare freeze {freeze_id!r}: barrier is {self._state.value}"
+                )
+            if self._setups:
+                raise BarrierError(
+                    f"cannot prepare freeze {freeze_id!r}: the rank is setting up a process "
+                    "group (init_process_group/new_group); retry once it runs"
                 )
             self._state = State.HOLDING
             self._freeze = freeze_id

@@ -69,7 +69,7 @@ class Hook:
 
         self.groups = GroupRegistry(self.barrier, self.owned)
         self.stores = StoreRegistry(self.owned)
-        wrap_rendezvous(self.stores)
+        wrap_rendezvous(self.stores, self.barrier.setup)
         install(self.groups)
 
     def start(self) -> None:

@@ -488,16 +488,17 @@ def install(registry: GroupRegistry) -> None:
     ) -> Any:
         token = _creating.set(_Creating(str(group_name), list(global_ranks_in_group), str(backend)))
         try:
-            return original(
-                group_size,
-                group_rank,
-                global_ranks_in_group,
-                backend,
-                store,
-                group_name,
-                *args,
-                **kwargs,
-            )
+            with registry.barrier.setup():
+                return original(
+                    group_size,
+                    group_rank,
+                    global_ranks_in_group,
+                    backend,
+                    store,
+                    group_name,
+                    *args,
+                    **kwargs,
+                )
         finally:
             _creating.reset(token)
 

@@ -17,6 +17,7 @@ from __future__ import annotations
 import importlib
 import threading
 from collections.abc import Callable, Iterator
+from contextlib import AbstractContextManager
 from datetime import timedelta
 from typing import Any
 
@@ -161,8 +162,13 @@ class StoreRegistry:
 Handler = Callable[..., Iterator[tuple[dist.Store, int, int]]]
 
 
-def wrap_rendezvous(registry: StoreRegistry, schemes: tuple[str, ...] = ("env", "tcp")) -> None:
-    """Make the `env://` and `tcp://` rendezvous hand out ResumableStores."""
+def wrap_rendezvous(
+    registry: StoreRegistry,
+    gate: Callable[[], AbstractContextManager[None]],
+    schemes: tuple[str, ...] = ("env", "tcp"),
+) -> None:
+    """Make the `env://` and `tcp://` rendezvous hand out ResumableStores. `gate` brackets
+    the store's creation, so a freeze never tears down a store being connected."""
     # `torch.distributed.rendezvous` the attribute is a function; the module is only in sys.modules.
     rdzv = importlib.import_module("torch.distributed.rendezvous")
     handlers: dict[str, Handler] = rdzv._rendezvous_handlers
@@ -170,14 +176,16 @@ def wrap_rendezvous(registry: StoreRegistry, schemes: tuple[str, ...] = ("env", 
         original = handlers.get(scheme)
         if original is None or getattr(original, "_snapshotter", False):
             continue
-        handlers[scheme] = _wrapped(original, registry)
+        handlers[scheme] = _wrapped(original, registry, gate)
 
 
-def _wrapped(original: Handler, registry: StoreRegistry) -> Handler:
+def _wrapped(
+    original: Handler, registry: StoreRegistry, gate: Callable[[], AbstractContextManager[None]]
+) -> Handler:
     def handler(*args: Any, **kwargs: Any) -> Iterator[tuple[dist.Store, int, int]]:
         inner: Any = original(*args, **kwargs)
         try:
-            with registry.owned.track():
+            with gate(), registry.owned.track():
                 store, rank, world_size = next(inner)
         finally:
             inner.close()  # the generator's frame must not keep the TCPStore alive

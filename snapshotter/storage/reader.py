@@ -1,25 +1,36 @@
 """Reading a snapshot back: verify every chunk first, restore nothing until all are good.
 
     reader = SnapshotReader(store, "job1-0001")
-    staged = reader.verify_and_fetch(staging_dir, streams=["rank-0"])
-    reader.extract_directory("rank-0", "/var/lib/snapshotter/restore/rank-0")
+    reader.verify_and_fetch(staging_dir, streams=["rank-0", "rank-1"], decompress=False)
+    reader.extract_directories({"rank-0": dest / "rank-0", "rank-1": dest / "rank-1"})
 
-`verify_and_fetch` downloads chunks in parallel, checks each one's sha256 against the manifest,
-decompresses it and writes it at its offset into one staging file per stream. It returns only
-once every chunk of every requested stream checked out; on the first bad chunk it stops, removes
-the staging files and raises `SnapshotCorrupt` naming snapshot, stream, chunk and key. Only then
-may a caller extract, and extraction refuses tar members that would land outside the target
-(absolute paths, '..', links, devices). This module must never hand out or extract bytes that
-were not verified.
+`verify_and_fetch` downloads chunks in parallel and checks each one's size and sha256 against
+the manifest. By default it also decompresses each chunk, checks its raw size and sha256, and
+writes it at its offset into `<staging>/<stream>.stream`. With `decompress=False` it keeps the
+verified chunks as stored, back to back in `<staging>/<stream>.zst` (CRIU images compress about
+5x, so this is that much less staging I/O), and `extract_directory` decompresses them while it
+untars, checking each chunk's raw size and sha256 before the archive reader sees any of its
+bytes. Either way `verify_and_fetch` returns only once every chunk of every requested stream
+checked out; on the first bad chunk it stops, removes the staged files and raises
+`SnapshotCorrupt` naming snapshot, stream, chunk and key. Only then may a caller extract, and
+extraction refuses tar members that would land outside the target (absolute paths, '..', links,
+devices), works in a sibling temp directory renamed into place only after the whole stream
+verified, and leaves nothing behind on failure. This module must never hand out, or move into
+place, bytes that were not verified.
 """
 
 from __future__ import annotations
 
+import io
 import os
 import shutil
 import tarfile
 import tempfile
-from collections.abc import Callable, Iterable
+import threading
+from collections.abc import Callable, Iterable, Iterator, Mapping
+from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor
+from concurrent.futures import wait as wait_futures
+from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
 
 import zstandard
@@ -31,12 +42,28 @@ from snapshotter.storage.coordinator import TransferCoordinator
 
 DEFAULT_WORKERS = 4
 STAGED_SUFFIX = ".stream"
+STAGED_COMPRESSED_SUFFIX = ".zst"
+# tarfile's stream reader joins and re-slices its buffer on every read, and copies file data
+# out in 16 KiB reads: a 32 KiB buffer keeps both cheap (its 10 KiB default costs a Python
+# call per 10 KiB; larger buffers are copied over and over).
+_TAR_BUFSIZE = 32 * 1024
 
 FetchProgressFn = Callable[[str, int, int], None]  # (stream, chunks verified, chunks in stream)
 
 
+@dataclass(frozen=True)
+class _Staged:
+    path: Path
+    compressed: bool  # True: the stored chunks back to back; False: the raw stream
+
+
+class _Cancelled(Exception):
+    """Another stream of the same `extract_directories` failed; this one stops too."""
+
+
 class SnapshotReader:
-    """Reads one committed snapshot.
+    """Reads one committed snapshot. Different streams may be extracted from several threads
+    at once.
 
     Raises (from its methods):
         SnapshotNotFound: no committed snapshot with this id (no manifest).
@@ -56,7 +83,8 @@ class SnapshotReader:
         self.snapshot_id = snapshot_id
         self.workers = workers
         self._manifest: fmt.Manifest | None = None
-        self._staged: dict[str, Path] = {}
+        self._lock = threading.Lock()
+        self._staged: dict[str, _Staged] = {}
 
     def manifest(self) -> fmt.Manifest:
         if self._manifest is None:
@@ -82,14 +110,20 @@ class SnapshotReader:
             self._manifest = m
         return self._manifest
 
+    # -- phase one: download and verify ---------------------------------------------------
+
     def verify_and_fetch(
         self,
         dest_dir: str | os.PathLike[str],
         streams: Iterable[str] | None = None,
         progress: FetchProgressFn | None = None,
+        *,
+        decompress: bool = True,
     ) -> dict[str, Path]:
-        """Download and verify every chunk of `streams` (default: all) into
-        `<dest_dir>/<stream>.stream` files; return {stream: staged file}."""
+        """Download and verify every chunk of `streams` (default: all); return {stream: staged
+        file}. The staged file is the raw stream, `<dest_dir>/<stream>.stream`, or with
+        `decompress=False` the verified compressed chunks, `<dest_dir>/<stream>.zst`, whose raw
+        checks `extract_directory` makes as it decompresses."""
         manifest = self.manifest()
         names = list(manifest.streams) if streams is None else list(streams)
         unknown = [n for n in names if n not in manifest.streams]
@@ -100,7 +134,8 @@ class SnapshotReader:
             )
         dest = Path(dest_dir)
         dest.mkdir(parents=True, exist_ok=True)
-        paths = {n: dest / f"{n}{STAGED_SUFFIX}" for n in names}
+        suffix = STAGED_SUFFIX if decompress else STAGED_COMPRESSED_SUFFIX
+        paths = {n: dest / f"{n}{suffix}" for n in names}
         fds: dict[str, int] = {}
         coord = TransferCoordinator(
             self.workers, 2 * self.workers, name=f"fetch-{self.snapshot_id}"
@@ -108,21 +143,26 @@ class SnapshotReader:
         coord.add_cleanup(lambda: _unlink_all(paths.values()))
         counts = {n: 0 for n in names}
 
-        def fetch(stream: fmt.StreamInfo, chunk: fmt.ChunkInfo) -> None:
-            raw = self._fetch_chunk(stream, chunk)
-            _pwrite_all(fds[stream.name], raw, stream.offset(chunk.index))
+        def fetch(stream: fmt.StreamInfo, chunk: fmt.ChunkInfo, offset: int) -> None:
+            data = self._fetch_stored(stream, chunk)
+            if decompress:
+                data = self._decompress(stream, chunk, data)
+            _pwrite_all(fds[stream.name], data, offset)
             if progress is not None:
                 counts[stream.name] += 1  # benign race: display only
                 progress(stream.name, counts[stream.name], len(stream.chunks))
 
         try:
             for n in names:
+                s = manifest.streams[n]
                 fds[n] = os.open(paths[n], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                os.ftruncate(fds[n], manifest.streams[n].raw_size)
+                os.ftruncate(fds[n], s.raw_size if decompress else s.stored_size)
             for n in names:
                 s = manifest.streams[n]
+                offset = 0
                 for c in s.chunks:
-                    coord.submit(fetch, s, c)
+                    coord.submit(fetch, s, c, s.offset(c.index) if decompress else offset)
+                    offset += c.stored_size
             coord.wait()
         except BaseException:
             coord.abort()  # waits for running fetches before their files are closed/removed
@@ -130,11 +170,13 @@ class SnapshotReader:
             raise
         _close_all(fds.values())
         coord.done()
-        self._staged.update(paths)
+        with self._lock:
+            self._staged.update({n: _Staged(p, not decompress) for n, p in paths.items()})
         return dict(paths)
 
-    def _fetch_chunk(self, stream: fmt.StreamInfo, c: fmt.ChunkInfo) -> bytes:
-        """The raw bytes of one chunk, or SnapshotCorrupt saying exactly what is wrong."""
+    def _fetch_stored(self, stream: fmt.StreamInfo, c: fmt.ChunkInfo) -> bytes:
+        """The stored bytes of one chunk, checked against the manifest, or SnapshotCorrupt
+        saying exactly what is wrong."""
         try:
             stored = self.store.get_bytes(c.key)
         except ObjectMissing as e:
@@ -143,6 +185,10 @@ class SnapshotReader:
             raise self._corrupt(stream, c, f"has {len(stored)} bytes, expected {c.stored_size}")
         if fmt.sha256_hex(stored) != c.sha256:
             raise self._corrupt(stream, c, "fails its sha256 check")
+        return stored
+
+    def _decompress(self, stream: fmt.StreamInfo, c: fmt.ChunkInfo, stored: bytes) -> bytes:
+        """The raw bytes of one chunk, checked against the manifest."""
         try:
             raw = zstandard.ZstdDecompressor().decompress(stored, max_output_size=c.raw_size)
         except zstandard.ZstdError as e:
@@ -158,19 +204,59 @@ class SnapshotReader:
             _CORRUPT_NEXT_STEP,
         )
 
+    # -- phase two: extract ---------------------------------------------------------------
+
     def extract_directory(
         self, name: str, dest_path: str | os.PathLike[str], *, keep_stream: bool = False
     ) -> Path:
         """Untar verified directory stream `name` into `dest_path` (absent or an empty
-        directory). Extraction goes to a sibling temp directory renamed into place at the end,
-        so a failure leaves nothing at `dest_path`. The staged stream file is removed afterwards
-        unless `keep_stream`."""
-        staged = self._staged.get(name)
-        if staged is None or not staged.exists():
+        directory). Extraction goes to a sibling temp directory renamed into place once the
+        whole stream verified, so a failure leaves nothing at `dest_path`. The staged file is
+        removed afterwards unless `keep_stream`."""
+        staged = self._staged_for(name)
+        dest = self._check_dest(name, dest_path)
+        return self._extract(name, staged, dest, keep_stream, None)
+
+    def extract_directories(
+        self, dests: Mapping[str, str | os.PathLike[str]], *, keep_stream: bool = False
+    ) -> dict[str, Path]:
+        """`extract_directory` for each {stream: dest_path}, up to `workers` streams at once.
+        All or nothing: if one stream fails, the others stop and every destination already
+        extracted is removed before the first failure is raised."""
+        jobs = [(n, self._staged_for(n), self._check_dest(n, d)) for n, d in dests.items()]
+        if not jobs:
+            return {}
+        cancel = threading.Event()
+        with ThreadPoolExecutor(
+            min(len(jobs), self.workers), thread_name_prefix=f"extract-{self.snapshot_id}"
+        ) as pool:
+            futures = {
+                pool.submit(self._extract, n, staged, dest, keep_stream, cancel): dest
+                for n, staged, dest in jobs
+            }
+            wait_futures(futures, return_when=FIRST_EXCEPTION)
+            cancel.set()  # a no-op when all succeeded; otherwise stops the rest early
+        failures = [
+            e for f in futures if (e := f.exception()) is not None and not isinstance(e, _Cancelled)
+        ]
+        if failures:
+            for f, dest in futures.items():
+                if f.exception() is None:
+                    shutil.rmtree(dest, ignore_errors=True)
+            raise failures[0]
+        return {n: dest for n, _, dest in jobs}
+
+    def _staged_for(self, name: str) -> _Staged:
+        with self._lock:
+            staged = self._staged.get(name)
+        if staged is None or not staged.path.exists():
             raise InvalidArgument(
                 f"stream {name!r} of snapshot {self.snapshot_id!r} has not been verified",
                 "call verify_and_fetch for it before extracting",
             )
+        return staged
+
+    def _check_dest(self, name: str, dest_path: str | os.PathLike[str]) -> Path:
         dest = Path(dest_path)
         if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
             raise InvalidArgument(
@@ -178,14 +264,29 @@ class SnapshotReader:
                 "empty directory",
                 "extract into a fresh path",
             )
+        return dest
+
+    def _extract(
+        self,
+        name: str,
+        staged: _Staged,
+        dest: Path,
+        keep_stream: bool,
+        cancel: threading.Event | None,
+    ) -> Path:
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.extracting-", dir=dest.parent))
         try:
-            with tarfile.open(staged, mode="r:") as tar:
-                members = tar.getmembers()
-                for m in members:
-                    self._check_member(name, m)
-                tar.extractall(tmp, members=members, filter="data")
+            if staged.compressed:
+                stream = self.manifest().streams[name]
+                src: io.RawIOBase = _VerifiedChunks(self, stream, staged.path, cancel)
+            else:
+                src = io.FileIO(staged.path, "r")
+            with src:
+                with tarfile.open(fileobj=src, mode="r|", bufsize=_TAR_BUFSIZE) as tar:
+                    tar.extractall(tmp, members=self._checked(name, tar), filter="data")
+                if isinstance(src, _VerifiedChunks):
+                    src.drain()  # the archive's end padding must verify too
             os.replace(tmp, dest)
         except tarfile.TarError as e:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -198,9 +299,18 @@ class SnapshotReader:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
         if not keep_stream:
-            staged.unlink(missing_ok=True)
-            del self._staged[name]
+            staged.path.unlink(missing_ok=True)
+            with self._lock:
+                if self._staged.get(name) == staged:
+                    del self._staged[name]
         return dest
+
+    def _checked(self, stream: str, tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
+        # Each member is checked before it is extracted; one refused member fails the whole
+        # extraction, whose temp directory is then removed.
+        for m in tar:
+            self._check_member(stream, m)
+            yield m
 
     def _check_member(self, stream: str, m: tarfile.TarInfo) -> None:
         p = PurePosixPath(m.name)
@@ -215,6 +325,64 @@ class SnapshotReader:
                 f"{m.name!r} (type {m.type!r}); nothing was extracted",
                 _CORRUPT_NEXT_STEP,
             )
+
+
+class _VerifiedChunks(io.RawIOBase):
+    """The raw bytes of one stream, read from its staged compressed chunks. Each chunk is
+    decompressed and its raw size and sha256 checked before any of its bytes are handed out,
+    so at most one raw chunk is held."""
+
+    def __init__(
+        self,
+        reader: SnapshotReader,
+        stream: fmt.StreamInfo,
+        path: Path,
+        cancel: threading.Event | None,
+    ) -> None:
+        super().__init__()
+        self._reader = reader
+        self._stream = stream
+        self._file = open(path, "rb", buffering=0)  # closed in close()
+        self._cancel = cancel
+        self._dctx = zstandard.ZstdDecompressor()
+        self._next = 0  # index of the next chunk to load
+        self._raw = memoryview(b"")
+
+    def readable(self) -> bool:
+        return True
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        if not self._raw and not self._load():
+            return 0
+        n = min(len(b), len(self._raw))
+        b[:n] = self._raw[:n]
+        self._raw = self._raw[n:]
+        return n
+
+    def drain(self) -> None:
+        """Verify every chunk not read yet."""
+        while self._load():
+            pass
+
+    def _load(self) -> bool:
+        if self._next >= len(self._stream.chunks):
+            return False
+        if self._cancel is not None and self._cancel.is_set():
+            raise _Cancelled()
+        c = self._stream.chunks[self._next]
+        stored = self._file.read(c.stored_size)
+        if len(stored) != c.stored_size:
+            raise self._reader._corrupt(
+                self._stream, c, f"is truncated in the staged copy {self._file.name}"
+            )
+        self._raw = memoryview(self._reader._decompress(self._stream, c, stored))
+        self._next += 1
+        return True
+
+    def close(self) -> None:
+        self._raw = memoryview(b"")
+        self._file.close()
+        super().close()
 
 
 _CORRUPT_NEXT_STEP = (

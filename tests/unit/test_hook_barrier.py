@@ -183,3 +183,43 @@ def test_destroyed_group_wakes_its_waiter_with_an_error() -> None:
     b.abort("f")
     t.join(5)
     assert errors and "destroyed" in str(errors[0])
+
+
+def test_freeze_refused_while_a_group_is_being_set_up() -> None:
+    b, _ = make()
+    with b.setup():
+        with pytest.raises(BarrierError, match="setting up a process group"):
+            b.prepare("f")
+        assert b.state is State.IDLE
+    b.prepare("f")  # once the setup is over the freeze may start
+    assert b.state is State.HOLDING
+
+
+def test_setup_waits_while_a_freeze_holds_and_goes_on_after_it() -> None:
+    b, _ = make("0")
+    b.prepare("f")
+    entered = threading.Event()
+
+    def set_up() -> None:
+        with b.setup():
+            entered.set()
+
+    t = threading.Thread(target=set_up)
+    t.start()
+    assert not entered.wait(0.2)  # held: no store use while a freeze is under way
+    b.abort("f")
+    assert entered.wait(5)
+    t.join(5)
+
+
+def test_not_quiesced_until_a_setup_started_while_armed_ends() -> None:
+    b, rec = make()
+    b.arm("f", {})  # no group yet: would park at once...
+    assert rec.parked == [("f", None)]
+    b2, rec2 = make()
+    gate = b2.setup()
+    gate.__enter__()
+    b2.arm("f", {})
+    assert rec2.parked == []  # ...but not in the middle of creating one
+    gate.__exit__(None, None, None)
+    assert rec2.parked == [("f", None)]
