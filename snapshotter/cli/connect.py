@@ -17,17 +17,8 @@ from typing import Any
 from coordinator.service import COORDINATOR_SERVICE
 from snapshotter import errors
 from snapshotter.config import Paths
+from snapshotter.procutil import pid_alive
 from snapshotter.rpc.wire import Client
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def read_daemon(paths: Paths) -> dict[str, Any] | None:
@@ -35,7 +26,7 @@ def read_daemon(paths: Paths) -> dict[str, Any] | None:
         info = json.loads(paths.daemon_file.read_text())
     except (OSError, ValueError):
         return None
-    if not isinstance(info, dict) or not _alive(int(info.get("pid", 0))):
+    if not isinstance(info, dict) or not pid_alive(int(info.get("pid", 0))):
         return None
     return info
 
@@ -109,13 +100,13 @@ def stop_embedded(paths: Paths, force: bool, timeout: float = 60.0) -> bool:
     Client(info["coordinator"], COORDINATOR_SERVICE).call("Shutdown", {"force": force})
     pid = int(info["pid"])
     deadline = time.monotonic() + timeout
-    while _alive(pid) and time.monotonic() < deadline:
+    while pid_alive(pid) and time.monotonic() < deadline:
         try:
             os.waitpid(pid, os.WNOHANG)
         except ChildProcessError:
             pass
         time.sleep(0.1)
-    if _alive(pid):
+    if pid_alive(pid):
         raise errors.ServiceUnavailable(
             f"the embedded daemon (pid {pid}) did not stop within {timeout:.0f}s",
             f"kill it by pid ({pid}) if it is stuck",

@@ -22,13 +22,14 @@ Test-only: it never touches the processes it is told about.
 
 from __future__ import annotations
 
-import os
 import threading
 import time
 from dataclasses import dataclass, field
 from typing import Any
 
 import cuda.bindings.driver as _real
+
+from snapshotter.procutil import pid_alive
 
 CUresult = _real.CUresult
 CUprocessState = _real.CUprocessState
@@ -57,16 +58,6 @@ class _Proc:
     devices: list[FakeGpu]
     busy: bool = False
     history: list[str] = field(default_factory=list)
-
-
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 class FakeCudaDriver:
@@ -267,7 +258,7 @@ class FakeCudaDriver:
         """Checks every call shares, under self._lock; logs failures."""
         if not self.initialized:
             return self._log(op, pid, CUresult.CUDA_ERROR_NOT_INITIALIZED)[0], None
-        if not isinstance(pid, int) or pid <= 0 or not _alive(pid):
+        if not isinstance(pid, int) or pid <= 0 or not pid_alive(pid):
             return self._log(op, pid, CUresult.CUDA_ERROR_INVALID_VALUE)[0], None
         p = self._procs.get(pid)
         if p is None:
