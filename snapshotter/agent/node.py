@@ -420,9 +420,9 @@ class NodeAgent:
         t0 = time.monotonic()
         try:
             yield {"event": "phase", "phase": "fetch", "node": self.settings.name}
-            reader.verify_and_fetch(work / "staging", streams=streams)
-            for s in streams:
-                reader.extract_directory(s, work / s)
+            # Stage only the verified compressed chunks; ranks' streams unpack in parallel.
+            reader.verify_and_fetch(work / "staging", streams=streams, decompress=False)
+            reader.extract_directories({s: work / s for s in streams})
             shutil.rmtree(work / "staging", ignore_errors=True)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)

@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import io
 import os
+import queue
 import shutil
 import tarfile
 import tempfile
@@ -47,6 +48,7 @@ STAGED_COMPRESSED_SUFFIX = ".zst"
 # out in 16 KiB reads: a 32 KiB buffer keeps both cheap (its 10 KiB default costs a Python
 # call per 10 KiB; larger buffers are copied over and over).
 _TAR_BUFSIZE = 32 * 1024
+_CHUNKS_AHEAD = 1
 
 FetchProgressFn = Callable[[str, int, int], None]  # (stream, chunks verified, chunks in stream)
 
@@ -329,8 +331,11 @@ class SnapshotReader:
 
 class _VerifiedChunks(io.RawIOBase):
     """The raw bytes of one stream, read from its staged compressed chunks. Each chunk is
-    decompressed and its raw size and sha256 checked before any of its bytes are handed out,
-    so at most one raw chunk is held."""
+    decompressed and its raw size and sha256 checked before any of its bytes are handed out.
+
+    A helper thread decompresses and checks the next chunk while the caller consumes this one
+    (zstd and sha256 release the GIL), so at most `_CHUNKS_AHEAD + 2` raw chunks are held.
+    """
 
     def __init__(
         self,
@@ -340,16 +345,31 @@ class _VerifiedChunks(io.RawIOBase):
         cancel: threading.Event | None,
     ) -> None:
         super().__init__()
-        self._reader = reader
-        self._stream = stream
         self._file = open(path, "rb", buffering=0)  # closed in close()
-        self._cancel = cancel
-        self._dctx = zstandard.ZstdDecompressor()
-        self._next = 0  # index of the next chunk to load
+        self._queue: queue.Queue[bytes | BaseException | None] = queue.Queue(_CHUNKS_AHEAD)
+        self._stop = threading.Event()
         self._raw = memoryview(b"")
+        self._eof = False
+        self._thread = threading.Thread(
+            target=self._produce,
+            args=(reader, stream, cancel),
+            name=f"extract-{reader.snapshot_id}-{stream.name}",
+            daemon=True,
+        )
+        self._thread.start()
 
     def readable(self) -> bool:
         return True
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            return self.readall()
+        if not self._raw and not self._load():
+            return b""
+        n = min(size, len(self._raw))
+        out = self._raw[:n].tobytes()  # the one copy: tarfile wants bytes
+        self._raw = self._raw[n:]
+        return out
 
     def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
         if not self._raw and not self._load():
@@ -365,23 +385,50 @@ class _VerifiedChunks(io.RawIOBase):
             pass
 
     def _load(self) -> bool:
-        if self._next >= len(self._stream.chunks):
+        if self._eof:
             return False
-        if self._cancel is not None and self._cancel.is_set():
-            raise _Cancelled()
-        c = self._stream.chunks[self._next]
-        stored = self._file.read(c.stored_size)
-        if len(stored) != c.stored_size:
-            raise self._reader._corrupt(
-                self._stream, c, f"is truncated in the staged copy {self._file.name}"
-            )
-        self._raw = memoryview(self._reader._decompress(self._stream, c, stored))
-        self._next += 1
+        item = self._queue.get()
+        if item is None or isinstance(item, BaseException):
+            self._eof = True
+            if item is not None:
+                raise item
+            return False
+        self._raw = memoryview(item)
         return True
 
+    def _produce(
+        self, reader: SnapshotReader, stream: fmt.StreamInfo, cancel: threading.Event | None
+    ) -> None:
+        try:
+            for c in stream.chunks:
+                if cancel is not None and cancel.is_set():
+                    raise _Cancelled()
+                stored = self._file.read(c.stored_size)
+                if len(stored) != c.stored_size:
+                    raise reader._corrupt(
+                        stream, c, f"is truncated in the staged copy {self._file.name}"
+                    )
+                if not self._put(reader._decompress(stream, c, stored)):
+                    return
+            self._put(None)
+        except BaseException as e:  # noqa: BLE001 - raised in the reading thread
+            self._put(e)
+
+    def _put(self, item: bytes | BaseException | None) -> bool:
+        while not self._stop.is_set():
+            try:
+                self._queue.put(item, timeout=0.1)
+                return True
+            except queue.Full:
+                pass
+        return False
+
     def close(self) -> None:
-        self._raw = memoryview(b"")
-        self._file.close()
+        if not self.closed:
+            self._stop.set()
+            self._thread.join()
+            self._raw = memoryview(b"")
+            self._file.close()
         super().close()
 
 

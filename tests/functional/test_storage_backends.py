@@ -7,6 +7,7 @@ or removing a chunk) go straight to the directory or the S3 API, never through t
 
 from __future__ import annotations
 
+import dataclasses
 import hashlib
 import io
 import os
@@ -490,6 +491,150 @@ def test_memory_stays_bounded_whatever_the_image_size(store: ObjectStore) -> Non
     assert delete_snapshot(store, sid) == []
 
 
+# -- thaw staging: verified compressed chunks, decompressed while untarring ---------------
+
+
+def _two_ranks(store: ObjectStore, tmp_path: Path) -> tuple[str, dict[str, dict[str, bytes]]]:
+    trees = {}
+    sid = _sid()
+    with SnapshotWriter(store, sid, chunk_size=64 * KiB, workers=3) as w:
+        for r in ("rank-0", "rank-1"):
+            trees[r] = _make_tree(tmp_path / "images" / r)
+            w.add_directory(r, tmp_path / "images" / r)
+        w.commit({})
+    return sid, trees
+
+
+def test_compressed_staging_round_trip_in_parallel(store: ObjectStore, tmp_path: Path) -> None:
+    sid, trees = _two_ranks(store, tmp_path)
+    reader = SnapshotReader(store, sid)
+    m = reader.manifest()
+    staging = tmp_path / "staging"
+    staged = reader.verify_and_fetch(staging, streams=list(trees), decompress=False)
+    # Only the stored bytes are staged: no raw copy of the stream is ever written.
+    assert sorted(p.name for p in staging.iterdir()) == ["rank-0.zst", "rank-1.zst"]
+    for r, p in staged.items():
+        assert p.stat().st_size == m.streams[r].stored_size < m.streams[r].raw_size
+
+    # Both streams are extracted at once: each waits here, on its first member, for the other.
+    barrier = threading.Barrier(2, timeout=30)
+    started: set[str] = set()
+    check = reader._check_member
+
+    def check_together(stream: str, member: tarfile.TarInfo) -> None:
+        if stream not in started:
+            started.add(stream)
+            barrier.wait()
+        check(stream, member)
+
+    reader._check_member = check_together  # type: ignore[method-assign]
+    out = reader.extract_directories({r: tmp_path / "out" / r for r in trees})
+    assert out == {r: tmp_path / "out" / r for r in trees}
+    for r, files in trees.items():
+        assert _tree(out[r]) == files and (out[r] / "empty-dir").is_dir()
+    assert list(staging.iterdir()) == []  # staged chunks removed after extraction
+    assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["rank-0", "rank-1"]
+
+
+def test_compressed_staging_corrupt_chunk_fails_the_fetch(backend: Backend, tmp_path: Path) -> None:
+    store = backend.store
+    sid, trees = _two_ranks(store, tmp_path)
+    victim = SnapshotReader(store, sid).manifest().streams["rank-1"].chunks[3]
+    good = store.get_bytes(victim.key)
+    backend.raw_put(victim.key, good[:20] + bytes([good[20] ^ 0x01]) + good[21:])
+
+    reader = SnapshotReader(store, sid)
+    staging = tmp_path / "staging"
+    with pytest.raises(SnapshotCorrupt) as e:
+        reader.verify_and_fetch(staging, streams=list(trees), decompress=False)
+    msg = str(e.value)
+    assert sid in msg and "'rank-1'" in msg and "chunk 3" in msg and victim.key in msg
+    assert "sha256" in msg
+    assert list(staging.iterdir()) == []
+    with pytest.raises(InvalidArgument, match="not been verified"):
+        reader.extract_directories({r: tmp_path / "out" / r for r in trees})
+    assert not (tmp_path / "out").exists()
+
+
+def _with_wrong_raw_hash(backend: Backend, sid: str, stream: str, index: int) -> fmt.ChunkInfo:
+    """Rewrite the manifest (with a valid checksum) so one chunk's stored bytes still match
+    but its raw sha256 does not: only decompression can find the mismatch."""
+    store = backend.store
+    m = SnapshotReader(store, sid).manifest()
+    s = m.streams[stream]
+    chunks = list(s.chunks)
+    victim = dataclasses.replace(chunks[index], raw_sha256="0" * 64)
+    chunks[index] = victim
+    streams = dict(m.streams)
+    streams[stream] = dataclasses.replace(s, chunks=tuple(chunks))
+    backend.raw_put(fmt.manifest_key(sid), dataclasses.replace(m, streams=streams).to_json())
+    return victim
+
+
+@pytest.mark.parametrize("where", ["first", "last"])
+def test_raw_hash_mismatch_found_while_extracting_leaves_nothing(
+    backend: Backend, tmp_path: Path, where: str
+) -> None:
+    store = backend.store
+    sid, trees = _two_ranks(store, tmp_path)
+    n = len(SnapshotReader(store, sid).manifest().streams["rank-0"].chunks)
+    # The last chunk ends with the archive's end padding, which tar itself need not read.
+    victim = _with_wrong_raw_hash(backend, sid, "rank-0", 0 if where == "first" else n - 1)
+
+    reader = SnapshotReader(store, sid)
+    reader.verify_and_fetch(tmp_path / "staging", streams=list(trees), decompress=False)
+    out = tmp_path / "out"
+    with pytest.raises(SnapshotCorrupt) as e:
+        reader.extract_directories({r: out / r for r in trees})
+    msg = str(e.value)
+    assert sid in msg and "'rank-0'" in msg and f"chunk {victim.index}" in msg
+    assert victim.key in msg and "wrong bytes" in msg
+    assert list(out.iterdir()) == []  # neither stream, nor a temp directory, is left
+
+
+def test_damaged_staged_copy_is_caught_while_extracting(store: ObjectStore, tmp_path: Path) -> None:
+    sid, trees = _two_ranks(store, tmp_path)
+    reader = SnapshotReader(store, sid)
+    staged = reader.verify_and_fetch(tmp_path / "staging", streams=["rank-0"], decompress=False)
+    with open(staged["rank-0"], "r+b") as f:
+        f.truncate(f.seek(0, os.SEEK_END) - 1)
+    with pytest.raises(SnapshotCorrupt, match="chunk") as e:
+        reader.extract_directory("rank-0", tmp_path / "out" / "rank-0")
+    assert "'rank-0'" in str(e.value)
+    assert list((tmp_path / "out").iterdir()) == []
+
+
+def test_extraction_memory_stays_bounded(store: ObjectStore, tmp_path: Path) -> None:
+    chunk = 1 * MiB
+    images = tmp_path / "images"
+    images.mkdir()
+    block = os.urandom(chunk)
+    with open(images / "pages-1.img", "wb") as f:
+        for i in range(200):
+            f.write(block if i % 2 else bytes(chunk))
+    sid = _sid()
+    with SnapshotWriter(store, sid, chunk_size=chunk, workers=2) as w:
+        w.add_directory("rank-0", images)
+        w.commit({})
+    reader = SnapshotReader(store, sid, workers=2)
+    reader.manifest()
+    tracemalloc.start()
+    try:
+        reader.verify_and_fetch(tmp_path / "staging", decompress=False)
+        _, fetch_peak = tracemalloc.get_traced_memory()
+        tracemalloc.reset_peak()
+        reader.extract_directory("rank-0", tmp_path / "out")
+        _, extract_peak = tracemalloc.get_traced_memory()
+    finally:
+        tracemalloc.stop()
+    assert (tmp_path / "out" / "pages-1.img").stat().st_size == 200 * chunk
+    # Fetch: 2*workers stored chunks in flight, plus a copy per running worker in the
+    # backend's client. Extraction: the chunk being read, the one checked ahead, the one
+    # being decompressed, and one stored chunk. The stream is 200 chunks.
+    assert fetch_peak < (4 * 2 + 2) * chunk, f"fetch peak {fetch_peak / MiB:.1f} MiB"
+    assert extract_peak < 6 * chunk, f"extract peak {extract_peak / MiB:.1f} MiB"
+
+
 # -- storage unavailable ------------------------------------------------------------------
 
 
@@ -605,7 +750,9 @@ def _no_leftover_threads() -> Iterator[None]:
     extra = [
         t
         for t in threading.enumerate()
-        if t.ident not in before and t.name.startswith(("snap-", "fetch-", "tar-")) and t.is_alive()
+        if t.ident not in before
+        and t.name.startswith(("snap-", "fetch-", "tar-", "extract-"))
+        and t.is_alive()
     ]
     for t in extra:
         t.join(5)
