@@ -1,7 +1,16 @@
 /*
  * snapinit: pid 1 of one rank's sandbox (a fresh PID namespace).
  *
- *   snapinit --pid-fd N [--init-cwd DIR] [--netns PATH] [--fd SRC:DST]... -- argv...
+ *   snapinit --pid-fd N [--init-cwd DIR] [--private-tmp DIR] [--netns PATH] [--fd SRC:DST]...
+ *            -- argv...
+ *
+ * With --private-tmp DIR the outer process first unshares a mount namespace (propagation made
+ * private, so nothing leaks either way), mounts a fresh tmpfs on DIR (an existing directory),
+ * sets TMPDIR=DIR, reopens stdin from /dev/null and re-executes itself: everything the
+ * sandbox maps or opens from then on (this binary included) lives on the new namespace's
+ * mounts, which CRIU dumps with the tree (the tmpfs with its contents). Python's
+ * multiprocessing binds its listeners under TMPDIR, so copies restored from one snapshot on
+ * one machine each get their own sockets instead of stealing each other's paths.
  *
  * The outer process optionally enters the network namespace PATH (setns, nothing else),
  * moves fd SRC to DST for each --fd, unshares a PID namespace and forks its pid 1 (the init),
@@ -25,6 +34,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mount.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
@@ -41,8 +51,8 @@ static void die(const char *what)
 
 static void usage(void)
 {
-	fprintf(stderr, "usage: snapinit --pid-fd N [--init-cwd DIR] [--netns PATH] "
-			"[--fd SRC:DST]... -- argv...\n");
+	fprintf(stderr, "usage: snapinit --pid-fd N [--init-cwd DIR] [--private-tmp DIR] "
+			"[--netns PATH] [--fd SRC:DST]... -- argv...\n");
 	_exit(2);
 }
 
@@ -99,10 +109,48 @@ static int run_init(char **argv, const char *init_cwd, const sigset_t *set, int 
 	return WEXITSTATUS(rank_status);
 }
 
+/* --private-tmp DIR (argv[at], argv[at + 1]): see the header. Does not return. */
+static void private_tmp(int argc, char **argv, int at)
+{
+	const char *dir = argv[at + 1];
+	char exe[4096], **nargv;
+	ssize_t n = readlink("/proc/self/exe", exe, sizeof(exe) - 1);
+	int fd, i, j;
+
+	if (n < 0)
+		die("readlink /proc/self/exe");
+	exe[n] = 0;
+	if (unshare(CLONE_NEWNS) < 0)
+		die("unshare(CLONE_NEWNS)");
+	if (mount(NULL, "/", NULL, MS_REC | MS_PRIVATE, NULL) < 0)
+		die("mount --make-rprivate /");
+	if (mount("tmpfs", dir, "tmpfs", MS_NOSUID | MS_NODEV, "mode=1777") < 0)
+		die(dir);
+	if (setenv("TMPDIR", dir, 1) < 0)
+		die("setenv TMPDIR");
+	/* stdin (/dev/null) was opened on the host's mounts, which CRIU cannot look up. */
+	fd = open("/dev/null", O_RDONLY);
+	if (fd < 0 || dup2(fd, 0) < 0)
+		die("/dev/null");
+	if (fd != 0)
+		close(fd);
+	nargv = calloc(argc + 1, sizeof(*nargv));
+	if (!nargv)
+		die("calloc");
+	for (i = 0, j = 0; i < argc; i++) /* --private-tmp DIR -> --mounted */
+		if (i == at)
+			nargv[j++] = "--mounted";
+		else if (i != at + 1)
+			nargv[j++] = argv[i];
+	execv(exe, nargv); /* by path, resolved on the new namespace's mounts */
+	die(exe);
+}
+
 int main(int argc, char **argv)
 {
 	int pid_fd = -1, nfds = 0, src[MAX_FDS], dst[MAX_FDS], max_dst = 2, i;
 	const char *init_cwd = NULL, *netns = NULL;
+	int mounted = 0;
 	sigset_t set;
 	char buf[32];
 	pid_t init;
@@ -115,6 +163,10 @@ int main(int argc, char **argv)
 			pid_fd = atoi(argv[++i]);
 		} else if (!strcmp(argv[i], "--init-cwd") && i + 1 < argc) {
 			init_cwd = argv[++i];
+		} else if (!strcmp(argv[i], "--private-tmp") && i + 1 < argc) {
+			private_tmp(argc, argv, i);
+		} else if (!strcmp(argv[i], "--mounted")) { /* internal: re-exec'ed by private_tmp() */
+			mounted = 1;
 		} else if (!strcmp(argv[i], "--netns") && i + 1 < argc) {
 			netns = argv[++i];
 		} else if (!strcmp(argv[i], "--fd") && i + 1 < argc && nfds < MAX_FDS) {
@@ -155,6 +207,12 @@ int main(int argc, char **argv)
 			die(netns);
 		close(nsfd);
 	}
+	/*
+	 * The host's named network namespaces (nsfs mounts under /run/netns) would be pinned by
+	 * our copies of them, and a restore would need every one of them still there.
+	 */
+	if (mounted)
+		umount2("/run/netns", MNT_DETACH); /* EINVAL/ENOENT when there is none: fine */
 
 	/* Block before the fork so that no signal or SIGCHLD is lost before sigwaitinfo. */
 	sigemptyset(&set);

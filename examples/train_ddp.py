@@ -57,6 +57,7 @@ def main() -> None:
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--batch", type=int, default=32)
     ap.add_argument("--workers", type=int, default=2)
+    ap.add_argument("--persistent-workers", action="store_true")
     ap.add_argument("--step-sleep", type=float, default=0.0)
     ap.add_argument("--pause-at", type=int, default=-1)
     ap.add_argument("--pause-s", type=float, default=0.0)
@@ -77,6 +78,7 @@ def main() -> None:
         batch_size=a.batch,
         sampler=sampler,
         num_workers=a.workers,
+        persistent_workers=a.persistent_workers and a.workers > 0,
         generator=torch.Generator().manual_seed(99),
     )
     torch.manual_seed(0)

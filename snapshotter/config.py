@@ -5,6 +5,8 @@ SNAPSHOTTER_HOME     state directory (default /var/lib/snapshotter as root, else
 SNAPSHOTTER_STORE    snapshot storage URL: a directory path, file:///path or s3://bucket/prefix
                      (S3 endpoint and credentials the AWS way: AWS_ENDPOINT_URL, AWS_* keys)
 SNAPSHOTTER_COORDINATOR  host:port of a remote coordinator; unset = the embedded local one
+SNAPSHOTTER_PRIVATE_TMP  1 (default): each rank sandbox has its own TMPDIR (a tmpfs dumped with
+                     it); 0: ranks share the node's /tmp and keep the caller's TMPDIR
 """
 
 from __future__ import annotations

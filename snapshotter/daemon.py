@@ -41,7 +41,13 @@ def serve_embedded(paths: Paths, bind_host: str = "127.0.0.1") -> int:
     store = open_store(url)
     stop = threading.Event()
 
-    agent = NodeAgent(NodeSettings(name=socket.gethostname(), paths=paths, host=bind_host), store)
+    settings = NodeSettings(
+        name=socket.gethostname(),
+        paths=paths,
+        host=bind_host,
+        private_tmp=os.environ.get("SNAPSHOTTER_PRIVATE_TMP", "1") != "0",
+    )
+    agent = NodeAgent(settings, store)
     agent_server = Server(f"{bind_host}:0")
     u, s = agent_service(agent)
     agent_server.add_service(AGENT_SERVICE, u, s)

@@ -39,7 +39,7 @@ from snapshotter.launch.env import (
 )
 from snapshotter.launch.spec import JobSpec
 from snapshotter.sandbox import criu
-from snapshotter.sandbox.spawn import Sandbox, become_subreaper, spawn
+from snapshotter.sandbox.spawn import PRIVATE_TMP, Sandbox, become_subreaper, spawn
 from snapshotter.storage.api import ObjectStore
 from snapshotter.storage.transfer import Progress, SnapshotReader, SnapshotWriter
 
@@ -68,6 +68,11 @@ class NodeSettings:
     network_env: tuple[tuple[str, str], ...] = ()
     netns: str | None = None
     dump_parallelism: int = 8
+    # Each sandbox gets a private TMPDIR (its own mount namespace, dumped with it): forks of
+    # one snapshot on one node do not share multiprocessing's listener sockets (a fork would
+    # otherwise break the original's DataLoader), and a rank's temp files travel with it.
+    # The price: a restore needs the target node to have the same mounts.
+    private_tmp: bool = True
     # Builds this node's GPU stage (None: none). Unset: the real driver when there is one.
     gpu: Callable[[], GpuStage | None] | None = None
 
@@ -166,7 +171,14 @@ class NodeAgent:
                 argv = rank_argv(spec.python, spec.script, spec.script_args, spec.module)
                 init_cwd = self.paths.init_cwd(f"{spec.job_id}-r{p.rank}-{uuid.uuid4().hex[:8]}")
                 init_cwd.mkdir(parents=True, exist_ok=True)
-                sb = spawn(argv, env, spec.cwd, init_cwd=init_cwd, netns=self.settings.netns)
+                sb = spawn(
+                    argv,
+                    env,
+                    spec.cwd,
+                    init_cwd=init_cwd,
+                    netns=self.settings.netns,
+                    private_tmp=PRIVATE_TMP if self.settings.private_tmp else None,
+                )
                 job.ranks.append(self._new_rank(p, sb, spec.job_id, str(init_cwd)))
         except BaseException:
             for r in job.ranks:

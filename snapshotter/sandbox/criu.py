@@ -10,6 +10,13 @@ A sandbox's rank talks to the world through pipes owned by the agent (see spawn.
 dumps them as pipes with a peer outside the tree; on restore each old pipe `pipe:[INO]` is
 bound to a fresh pipe through `inherit_fd`, so the agent gets new ends.
 
+A sandbox with a private tmpfs (spawn's default) has its own mount namespace: the host's
+mounts, made private, plus the tmpfs. Dumps set auto_ext_mnt, so CRIU records every host
+mount as an external bind ("autodetected": the host path it came from) and dumps only the
+tmpfs, contents and all; restores set auto_ext_mnt and root="/", so CRIU builds a new mount
+namespace from this machine's mounts at the same paths plus a fresh copy of the tmpfs. The
+restoring machine must therefore have those host mounts at the same paths.
+
 Never shells out to `criu dump`/`criu restore`, never sets tcp_established (ranks close
 their sockets before a dump), never sets shell_job (ranks have no terminal).
 """
@@ -33,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 from snapshotter.errors import CriuFailed, CriuUnavailable, SandboxError
-from snapshotter.sandbox.images import ensure_socket_dirs
+from snapshotter.sandbox.images import ensure_mountpoints, ensure_socket_dirs, has_mount_ns
 from snapshotter.sandbox.spawn import PIPE_NAMES, Sandbox, is_subreaper, netns_path, new_pipes
 
 ENV_VAR = "SNAPSHOTTER_CRIU"
@@ -136,6 +143,8 @@ def dump(pid: int, images_dir: Path, *, leave_running: bool, log_dir: Path) -> D
         opts.leave_running = leave_running
         opts.ghost_limit = GHOST_LIMIT
         opts.file_locks = True
+        # Host mounts in a private-tmp sandbox's namespace: external (no-op without one).
+        opts.auto_ext_mnt = True
 
     start = time.monotonic()
     with _root_cwd_lock(pid):
@@ -170,7 +179,9 @@ def restore(
             "call snapshotter.sandbox.spawn.become_subreaper() once at agent start",
         )
     log_dir.mkdir(parents=True, exist_ok=True)
+    ensure_mountpoints(images_dir)
     ensure_socket_dirs(images_dir)
+    mount_ns = has_mount_ns(images_dir)
     log_name = f"restore-{next(_seq)}.log"
     ns_path = netns_path(netns) if netns is not None else None
     io, rank = new_pipes()
@@ -181,6 +192,9 @@ def restore(
         # which it is nobody's child, and waitpid() works at once.
         opts.rst_sibling = True
         opts.file_locks = True
+        if mount_ns:  # a new mount namespace: this machine's "/" and mounts, our tmpfs
+            opts.root = "/"
+            opts.auto_ext_mnt = True
         for key, fd in inherit.items():
             entry = opts.inherit_fd.add()
             entry.key = key

@@ -7,8 +7,14 @@ pipes (their inodes are what CRIU calls the external pipes) and waits on the ini
 Rank fds: 0 = /dev/null, 1/2 = stdout/stderr pipes, 3 = control commands in (agent -> rank),
 4 = control replies out (rank -> agent). Nothing else leaks into the sandbox.
 
+With `private_tmp` the sandbox also has a mount namespace of its own (snapinit --private-tmp):
+the host's mounts, private, plus a fresh tmpfs on PRIVATE_TMP, which is the rank's TMPDIR. CRIU
+dumps that tmpfs with the tree (criu.py), so copies restored from one snapshot on one machine
+each have their own TMPDIR: Python multiprocessing's listener sockets (DataLoader workers'
+resource_sharer) do not clash. Everything else (/tmp, /dev/shm, the job's files) is the host's.
+
 This module never calls waitpid(-1) (it would steal other children's statuses), and never
-uses `ip netns exec`: that makes a mount namespace, which CRIU then cannot dump.
+uses `ip netns exec`: its mount namespace shares mounts with the host, which CRIU cannot dump.
 """
 
 from __future__ import annotations
@@ -29,6 +35,9 @@ from snapshotter.sandbox.initbin import snapinit_path
 PIPE_NAMES = ("stdout", "stderr", "ctl_in", "ctl_out")
 RANK_CTL_IN_FD = 3
 RANK_CTL_OUT_FD = 4
+# The mountpoint of each sandbox's private tmpfs (an empty host directory, shared by all
+# sandboxes as a mountpoint only). A fixed path: a restore must find the same one.
+PRIVATE_TMP = Path("/tmp/snapshotter-private-tmp")
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
@@ -171,12 +180,19 @@ def spawn(
     *,
     init_cwd: Path,
     netns: str | None = None,
+    private_tmp: Path | None = None,
 ) -> Sandbox:
     """Start `argv` as the rank of a new sandbox and return it once the init is our child.
 
     `init_cwd` is the init's private working directory (created if missing); give every
     sandbox its own. The caller sets the rank's environment in full, including
-    SNAPSHOTTER_CTL_IN=3 / SNAPSHOTTER_CTL_OUT=4.
+    SNAPSHOTTER_CTL_IN=3 / SNAPSHOTTER_CTL_OUT=4, except TMPDIR: with `private_tmp` the
+    sandbox gets its own mount namespace with a fresh tmpfs on that directory
+    (created on the host if missing, never written to) and TMPDIR points there. None (the
+    default) keeps the host's mount namespace and the caller's TMPDIR: a restore then needs no
+    particular mount layout on the target node, which `private_tmp` does (every host mount the
+    sandbox saw, at the same path). Neither `init_cwd`, `cwd`, nor the
+    snapinit binary may lie under `private_tmp`.
 
     Raises:
         SandboxError: the caller is not a child subreaper, the init could not be built or
@@ -189,6 +205,9 @@ def spawn(
         )
     init_cwd.mkdir(parents=True, exist_ok=True)
     cmd = [str(snapinit_path())]
+    if private_tmp is not None:
+        private_tmp.mkdir(mode=0o755, parents=True, exist_ok=True)
+        cmd += ["--private-tmp", str(private_tmp)]
     if netns is not None:
         cmd += ["--netns", str(netns_path(netns))]
     io, rank = new_pipes()

@@ -124,3 +124,31 @@ def test_delete_makes_snapshot_invisible(snap: SnapCli, tmp_path: Path) -> None:
     assert not any(snapshot in f for f in _store_files(snap.home))
     p = snap.run("thaw", snapshot, check=False)
     assert p.returncode == 3 and "no committed snapshot" in p.stderr
+
+
+def test_fork_with_live_persistent_workers_and_private_tmp(tmp_path: Path) -> None:
+    """Persistent DataLoader workers keep their multiprocessing listeners for the whole run, so
+    a fork thawed on the same node overlaps them; every sandbox has its own TMPDIR (the
+    default, said explicitly here) and both jobs finish as an undisturbed run does."""
+    from tests.conftest import _criu_ready
+
+    if _criu_ready():
+        pytest.skip(_criu_ready())
+    args = ("--steps", "600", "--step-sleep", "0.03", "--persistent-workers")
+    cli = SnapCli(tmp_path / "home", {"SNAPSHOTTER_PRIVATE_TMP": "1"})
+    try:
+        ref = tmp_path / "ref.json"
+        assert cli.wait(cli.start_job(ref, *args))["state"] == "SUCCEEDED"
+        out = tmp_path / "out.json"
+        job = cli.start_job(out, *args)
+        cli.wait_step(job, 40)
+        snapshot = cli.run("freeze", job).stdout.strip().splitlines()[-1]
+        fork = cli.run("thaw", snapshot).stdout.strip().splitlines()[-1]
+        assert cli.json("status", job)["state"] == "RUNNING"  # both live at once
+        assert cli.wait(job)["state"] == "SUCCEEDED"
+        assert read_result(out) == read_result(ref)
+        out.unlink()
+        assert cli.wait(fork)["state"] == "SUCCEEDED"
+        assert read_result(out) == read_result(ref)
+    finally:
+        cli.close()

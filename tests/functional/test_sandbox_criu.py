@@ -258,3 +258,84 @@ def test_move_between_network_namespaces(
         sandboxes.all.clear()
         for name in made:
             subprocess.run(["ip", "netns", "delete", name], check=False)
+
+
+# The rank binds a unix listener under its TMPDIR (as multiprocessing's resource_sharer does
+# for DataLoader workers) and a forked worker talks to it; every answer names the mount
+# namespace of the process that gave it.
+LISTENER_SRC = r"""
+import os, socket, sys, threading, time
+d = os.path.join(os.environ["TMPDIR"], "pymp-x")
+os.makedirs(d)
+path = os.path.join(d, "listener-1")
+srv = socket.socket(socket.AF_UNIX)
+srv.bind(path)
+srv.listen(16)
+count = 0
+def serve():
+    global count
+    while True:
+        c, _ = srv.accept()
+        count += 1
+        c.sendall(f"{count} {os.readlink('/proc/self/ns/mnt')}\n".encode())
+        c.close()
+threading.Thread(target=serve, daemon=True).start()
+if os.fork() == 0:
+    while True:
+        s = socket.socket(socket.AF_UNIX)
+        s.connect(path)
+        os.write(1, b"worker " + s.recv(100))
+        s.close()
+        time.sleep(0.05)
+while True:
+    time.sleep(1)
+"""
+
+
+def _ask(sb: Sandbox, tmp: str) -> tuple[int, str]:
+    # The path inside the copy's own mount namespace.
+    with socket.socket(socket.AF_UNIX) as s:
+        s.connect(f"/proc/{sb.pid}/root{tmp}/pymp-x/listener-1")
+        count, ns = s.recv(100).decode().split()
+    return int(count), ns
+
+
+@pytest.mark.timeout(120)
+def test_forks_of_one_snapshot_have_private_tmpdirs(sandboxes: Sandboxes, tmp_path: Path) -> None:
+    from snapshotter.sandbox.spawn import PRIVATE_TMP
+
+    rank = tmp_path / "listener.py"
+    rank.write_text(LISTENER_SRC)
+    original = sandboxes.spawn(rank, private_tmp=PRIVATE_TMP)
+    tmp = str(PRIVATE_TMP)
+    assert not os.path.exists(f"{tmp}/pymp-x")  # the host never sees the sandbox's TMPDIR
+    out = Lines(original.io.stdout)
+    out.wait_for(r"^worker 3 ")
+    criu.dump(original.pid, tmp_path / "img", leave_running=True, log_dir=tmp_path / "log")
+    copies = in_parallel(
+        *[
+            lambda: sandboxes.add(
+                criu.restore(tmp_path / "img", original.io.inodes, log_dir=tmp_path / "l")
+            )
+            for _ in range(2)
+        ]
+    )
+    copy_outs = [Lines(c.io.stdout) for c in copies]
+    everyone = [original, *copies]
+    mnt = [os.readlink(f"/proc/{sb.pid}/ns/mnt") for sb in everyone]
+    assert len(set(mnt)) == 3 and os.readlink("/proc/self/ns/mnt") not in mnt
+    # Each worker's connections reach its own rank's listener, never another copy's.
+    # (A copy's pipe starts with what the original had written but nobody read at the dump.)
+    for i, o in enumerate([out, *copy_outs]):
+        o.wait_for(r"^worker ")
+        seen = len(o.lines)
+        for k in range(3):
+            assert o.wait_for(r"^worker \d+ (\S+)$", start=seen + k).group(1) == mnt[i]
+    # From outside, each copy's socket answers with its own namespace and its own count.
+    for i, sb in enumerate(everyone):
+        first, ns = _ask(sb, tmp)
+        assert ns == mnt[i]
+        assert _ask(sb, tmp) == (first + 1, mnt[i])
+    assert not os.path.exists(f"{tmp}/pymp-x")
+    for sb in everyone:
+        assert sb.poll() is None

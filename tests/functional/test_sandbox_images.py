@@ -67,7 +67,12 @@ def test_restore_recreates_missing_socket_directory(tmp_path: Path, sandboxes: l
     sb = spawn([sys.executable, str(script), str(sock_dir)], dict(os.environ), str(tmp_path),
                init_cwd=tmp_path / "init")
     sandboxes.append(sb)
-    assert os.read(sb.io.stdout, 64) == b"ready\n"
+    got = b""
+    while not got.endswith(b"\n"):  # PYTHONUNBUFFERED=1 makes print() write twice
+        chunk = os.read(sb.io.stdout, 64)
+        assert chunk, got
+        got += chunk
+    assert got == b"ready\n"
     listener = str(sock_dir / "listener")
     assert _ask(listener) == b"1\n"
     images = tmp_path / "img"
