@@ -20,7 +20,8 @@ from typing import Any
 
 from coordinator.service import COORDINATOR_SERVICE, Coordinator, coordinator_service
 from snapshotter import errors
-from snapshotter.agent.node import NodeAgent, NodeSettings, agent_service
+from snapshotter.agent.node import NodeAgent, NodeSettings
+from snapshotter.agent.service import agent_service
 from snapshotter.config import Paths, default_home, store_url
 from snapshotter.rpc.wire import Client, Server
 from snapshotter.storage.url import open_store
