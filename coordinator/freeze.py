@@ -43,8 +43,7 @@ class FreezeSettings:
 
 
 def _first(failures: dict[str, BaseException]) -> BaseException:
-    name, e = next(iter(failures.items()))
-    return e
+    return next(iter(failures.values()))
 
 
 class FreezeOperation:

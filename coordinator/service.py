@@ -262,10 +262,10 @@ class Coordinator:
         meta = manifest.meta
         spec0 = JobSpec.from_dict(meta["job"])
         with self._lock:
-            active = [j for j, r in self._jobs.items() if r.busy or j == spec0.job_id]
             known = list(self._jobs)
-        # A job is only "active" if it still runs: ask the agents.
-        active = [j for j in active if j in known and self._is_active(j)]
+        # Only the source's id and the requested one can clash; ask the agents whether they run.
+        candidates = {spec0.job_id, req.get("job_id")}
+        active = [j for j in candidates if j in known and self._is_active(j)]
         job_id = thaw_job_id(spec0.job_id, req.get("job_id"), active, known)
         validate_job_id(job_id)
         spec = spec0.with_job_id(job_id)

@@ -4,7 +4,7 @@ otherwise (CI runs as root after deploy/install.sh, so there they run)."""
 from __future__ import annotations
 
 import os
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
@@ -24,13 +24,30 @@ def _criu_ready() -> str | None:
     return None
 
 
-@pytest.fixture()
-def snap(tmp_path: Path) -> Iterator[SnapCli]:
+def skip_without_criu() -> None:
     reason = _criu_ready()
     if reason:
         pytest.skip(reason)
-    cli = SnapCli(tmp_path / "home")
+
+
+@pytest.fixture()
+def make_snap(tmp_path: Path) -> Iterator[Callable[..., SnapCli]]:
+    """`make_snap(env)`: a CLI with its own home and extra environment, closed at teardown."""
+    skip_without_criu()
+    made: list[SnapCli] = []
+
+    def make(extra_env: dict[str, str] | None = None) -> SnapCli:
+        cli = SnapCli(tmp_path / f"home{len(made) or ''}", extra_env)
+        made.append(cli)
+        return cli
+
     try:
-        yield cli
+        yield make
     finally:
-        cli.close()
+        for cli in made:
+            cli.close()
+
+
+@pytest.fixture()
+def snap(make_snap: Callable[..., SnapCli]) -> SnapCli:
+    return make_snap()

@@ -11,7 +11,6 @@ from __future__ import annotations
 
 import json
 import logging
-import threading
 from collections.abc import Callable, Iterator
 from concurrent import futures
 from typing import Any
@@ -162,7 +161,6 @@ class Client:
         self.target = target
         self.service = service
         self._channel = grpc.insecure_channel(target, options=_OPTIONS)
-        self._lock = threading.Lock()
 
     def call(self, method: str, req: Msg | None = None, timeout: float | None = 30.0) -> Msg:
         fn = self._channel.unary_unary(

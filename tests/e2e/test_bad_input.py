@@ -7,6 +7,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import pytest
@@ -149,34 +150,27 @@ def test_failed_criu_dump_reports_log_and_job_continues(snap: SnapCli, tmp_path:
         srv.close()
 
 
-def test_criu_too_old_refuses_before_touching_the_job(tmp_path: Path) -> None:
-    from tests.conftest import _criu_ready
-
-    if _criu_ready():
-        pytest.skip(_criu_ready())
+def test_criu_too_old_refuses_before_touching_the_job(
+    tmp_path: Path, make_snap: Callable[..., SnapCli]
+) -> None:
     fake = tmp_path / "criu"
     fake.write_text("#!/bin/sh\necho 'Version: 3.17.1'\n")
     fake.chmod(0o755)
-    cli = SnapCli(tmp_path / "home", {"SNAPSHOTTER_CRIU": str(fake)})
-    try:
-        out = tmp_path / "o.json"
-        job = cli.start_job(out, *ARGS)
-        cli.wait_step(job, 10)
-        p = cli.run("freeze", job, check=False)
-        assert p.returncode == 9, p.stderr
-        assert "3.17" in p.stderr and "install-criu.sh" in p.stderr
-        assert cli.json("status", job)["state"] == "RUNNING"
-        assert cli.wait(job)["state"] == "SUCCEEDED"
-        assert _store_files(cli.home) == []
-    finally:
-        cli.close()
+    cli = make_snap({"SNAPSHOTTER_CRIU": str(fake)})
+    out = tmp_path / "o.json"
+    job = cli.start_job(out, *ARGS)
+    cli.wait_step(job, 10)
+    p = cli.run("freeze", job, check=False)
+    assert p.returncode == 9, p.stderr
+    assert "3.17" in p.stderr and "install-criu.sh" in p.stderr
+    assert cli.json("status", job)["state"] == "RUNNING"
+    assert cli.wait(job)["state"] == "SUCCEEDED"
+    assert _store_files(cli.home) == []
 
 
-def test_storage_unreachable_fails_cleanly(tmp_path: Path) -> None:
-    from tests.conftest import _criu_ready
-
-    if _criu_ready():
-        pytest.skip(_criu_ready())
+def test_storage_unreachable_fails_cleanly(
+    tmp_path: Path, make_snap: Callable[..., SnapCli]
+) -> None:
     import socket
 
     s = socket.socket()
@@ -190,18 +184,15 @@ def test_storage_unreachable_fails_cleanly(tmp_path: Path) -> None:
         "AWS_SECRET_ACCESS_KEY": "y",
         "AWS_REGION": "us-east-1",
     }
-    cli = SnapCli(tmp_path / "home", env)
-    try:
-        out = tmp_path / "o.json"
-        job = cli.start_job(out, *ARGS)
-        cli.wait_step(job, 10)
-        p = cli.run("freeze", job, "--stop", check=False)
-        assert p.returncode == 8, p.stderr
-        assert f"127.0.0.1:{port}" in p.stderr and "next step:" in p.stderr
-        assert cli.json("status", job)["state"] == "RUNNING"
-        assert cli.wait(job)["state"] == "SUCCEEDED"
-    finally:
-        cli.close()
+    cli = make_snap(env)
+    out = tmp_path / "o.json"
+    job = cli.start_job(out, *ARGS)
+    cli.wait_step(job, 10)
+    p = cli.run("freeze", job, "--stop", check=False)
+    assert p.returncode == 8, p.stderr
+    assert f"127.0.0.1:{port}" in p.stderr and "next step:" in p.stderr
+    assert cli.json("status", job)["state"] == "RUNNING"
+    assert cli.wait(job)["state"] == "SUCCEEDED"
 
 
 def test_corrupt_chunk_fails_thaw_before_any_process_starts(snap: SnapCli, tmp_path: Path) -> None:

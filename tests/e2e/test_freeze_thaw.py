@@ -5,11 +5,12 @@ thawed; its final parameters must be bit-identical to an uninterrupted run.
 
 from __future__ import annotations
 
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
 
+from tests.conftest import skip_without_criu
 from tests.support.cli import SnapCli, read_result
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -21,10 +22,7 @@ ARGS = ("--steps", STEPS, "--step-sleep", "0.03")
 @pytest.fixture(scope="module")
 def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
     """The uninterrupted run every test compares against (launched the same way)."""
-    from tests.conftest import _criu_ready
-
-    if _criu_ready():
-        pytest.skip(_criu_ready())
+    skip_without_criu()
     base = tmp_path_factory.mktemp("ref")
     cli = SnapCli(base / "home")
     try:
@@ -126,29 +124,24 @@ def test_delete_makes_snapshot_invisible(snap: SnapCli, tmp_path: Path) -> None:
     assert p.returncode == 3 and "no committed snapshot" in p.stderr
 
 
-def test_fork_with_live_persistent_workers_and_private_tmp(tmp_path: Path) -> None:
+def test_fork_with_live_persistent_workers_and_private_tmp(
+    tmp_path: Path, make_snap: Callable[..., SnapCli]
+) -> None:
     """Persistent DataLoader workers keep their multiprocessing listeners for the whole run, so
     a fork thawed on the same node overlaps them; every sandbox has its own TMPDIR (the
     default, said explicitly here) and both jobs finish as an undisturbed run does."""
-    from tests.conftest import _criu_ready
-
-    if _criu_ready():
-        pytest.skip(_criu_ready())
     args = ("--steps", "600", "--step-sleep", "0.03", "--persistent-workers")
-    cli = SnapCli(tmp_path / "home", {"SNAPSHOTTER_PRIVATE_TMP": "1"})
-    try:
-        ref = tmp_path / "ref.json"
-        assert cli.wait(cli.start_job(ref, *args))["state"] == "SUCCEEDED"
-        out = tmp_path / "out.json"
-        job = cli.start_job(out, *args)
-        cli.wait_step(job, 40)
-        snapshot = cli.run("freeze", job).stdout.strip().splitlines()[-1]
-        fork = cli.run("thaw", snapshot).stdout.strip().splitlines()[-1]
-        assert cli.json("status", job)["state"] == "RUNNING"  # both live at once
-        assert cli.wait(job)["state"] == "SUCCEEDED"
-        assert read_result(out) == read_result(ref)
-        out.unlink()
-        assert cli.wait(fork)["state"] == "SUCCEEDED"
-        assert read_result(out) == read_result(ref)
-    finally:
-        cli.close()
+    cli = make_snap({"SNAPSHOTTER_PRIVATE_TMP": "1"})
+    ref = tmp_path / "ref.json"
+    assert cli.wait(cli.start_job(ref, *args))["state"] == "SUCCEEDED"
+    out = tmp_path / "out.json"
+    job = cli.start_job(out, *args)
+    cli.wait_step(job, 40)
+    snapshot = cli.run("freeze", job).stdout.strip().splitlines()[-1]
+    fork = cli.run("thaw", snapshot).stdout.strip().splitlines()[-1]
+    assert cli.json("status", job)["state"] == "RUNNING"  # both live at once
+    assert cli.wait(job)["state"] == "SUCCEEDED"
+    assert read_result(out) == read_result(ref)
+    out.unlink()
+    assert cli.wait(fork)["state"] == "SUCCEEDED"
+    assert read_result(out) == read_result(ref)

@@ -327,6 +327,15 @@ class SeaweedServer:
             config=botocore.config.Config(s3={"addressing_style": "path"}),
         )
 
+    def keys(self, prefix: str) -> list[str]:
+        """Every object key in the test bucket under `prefix`, read straight from the server."""
+        pages = (
+            self.client()
+            .get_paginator("list_objects_v2")
+            .paginate(Bucket=self.bucket, Prefix=prefix)
+        )
+        return [o["Key"] for page in pages for o in page.get("Contents", [])]
+
 
 @pytest.fixture(scope="session")
 def seaweed_server() -> Iterator[SeaweedServer]:
