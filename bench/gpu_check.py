@@ -1,8 +1,11 @@
 """Device check: freeze and thaw real CUDA jobs through the agent's own pieces, and time it.
 
-Two cases, each against an uninterrupted reference run of the same job:
-  single  one CUDA training process
-  nccl    two DDP ranks over NCCL sharing GPU 0
+Three cases, each against an uninterrupted reference run of the same job:
+  single  one CUDA training process, no process group
+  nccl    one DDP rank over NCCL (NCCL refuses two ranks on one GPU: "Duplicate GPU
+          detected", so with one GPU the NCCL communicator's suspend/rebuild is checked alone)
+  gloo2   two DDP ranks over gloo with CUDA tensors, sharing GPU 0 (two processes' GPU
+          state checkpointed in parallel)
 
 For each: (a) freeze-and-continue (park, suspend, GPU lock+checkpoint, CRIU dump, GPU
 restore+unlock, resume) and the job must finish bit-identical to the reference; (b) thaw the
@@ -19,6 +22,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import shutil
 import sys
@@ -40,7 +44,7 @@ from snapshotter.gpu.cuda import CudaDriver, detect  # noqa: E402
 from snapshotter.gpu.stage import GpuStage, GpuStageSettings  # noqa: E402
 from snapshotter.launch.env import placements, rank_argv, rank_env, resume_env  # noqa: E402
 from snapshotter.sandbox import criu  # noqa: E402
-from snapshotter.sandbox.spawn import Sandbox, become_subreaper, spawn  # noqa: E402
+from snapshotter.sandbox.spawn import PRIVATE_TMP, Sandbox, become_subreaper, spawn  # noqa: E402
 
 JOB = ROOT / "bench" / "gpu_job.py"
 T = 120.0  # every control request's timeout
@@ -76,7 +80,7 @@ class Job:
             cwd.mkdir(parents=True)
             self.inits.append(str(cwd))
             e = rank_env(env, p, self.store.address, self.name)
-            self._attach(p.rank, spawn(argv, e, str(ROOT), init_cwd=cwd))
+            self._attach(p.rank, spawn(argv, e, str(ROOT), init_cwd=cwd, private_tmp=PRIVATE_TMP))
 
     def restore(self, images: Path, inodes: list[dict[str, int]], inits: list[str]) -> None:
         for rank in range(self.nproc):
@@ -162,11 +166,13 @@ class Job:
         self.store.stop()
 
 
-def case(name: str, nproc: int, a: argparse.Namespace, stage: GpuStage,
+def case(name: str, nproc: int, extra: list[str], a: argparse.Namespace, stage: GpuStage,
          fake: Any, work: Path) -> dict[str, Any]:
     args = ["--steps", str(a.steps), "--device", a.device, "--width", str(a.width),
-            "--layers", str(a.layers), "--step-sleep", str(a.step_sleep)]
-    env = {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
+            "--layers", str(a.layers), "--step-sleep", str(a.step_sleep), *extra]
+    # The machine's own environment (driver library paths, CUDA_*/NVIDIA_* settings), as
+    # `snapshotter run` passes the caller's.
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
            "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "SNAPSHOTTER_HOLD_S": "120"}
     res: dict[str, Any] = {"case": name, "nproc": nproc}
 
@@ -195,9 +201,13 @@ def case(name: str, nproc: int, a: argparse.Namespace, stage: GpuStage,
         hold = stage.freeze({r: sb.pid for r, sb in enumerate(job.sandboxes)})
         t_ckpt = time.monotonic() - t0
         t1 = time.monotonic()
-        job.each(lambda r: criu.dump(job.sandboxes[r].pid, images / f"rank-{r}",
-                                     leave_running=True,
-                                     log_dir=work / "criu-logs" / f"{name}-dump-{r}"))
+        dump_error = None
+        try:
+            job.each(lambda r: criu.dump(job.sandboxes[r].pid, images / f"rank-{r}",
+                                         leave_running=True,
+                                         log_dir=work / "criu-logs" / f"{name}-dump-{r}"))
+        except Exception as e:  # noqa: BLE001 - the driver round trip is still checked
+            dump_error = f"{type(e).__name__}: {e}"[-3000:]
         t_dump = time.monotonic() - t1
         t2 = time.monotonic()
         stage.release(hold)
@@ -219,6 +229,9 @@ def case(name: str, nproc: int, a: argparse.Namespace, stage: GpuStage,
         gpu_restore_after_dump_s=round(t_release, 3), stall_s=round(stall, 3),
         capture_gbps=round(gpu_bytes / t_ckpt / 1e9, 2) if t_ckpt > 0 else None,
     )
+    if dump_error is not None:
+        res.update(criu_dump_error=dump_error, thaw_identical=False)
+        return res
 
     thaw = Job(work, f"{name}-thaw", nproc, args)
     try:
@@ -251,11 +264,11 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--driver", choices=["cuda", "fake"], default="cuda")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--case", choices=["single", "nccl", "all"], default="all")
+    ap.add_argument("--case", choices=["single", "nccl", "gloo2", "all"], default="all")
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--freeze-at", type=int, default=20)
     ap.add_argument("--width", type=int, default=4096)
-    ap.add_argument("--layers", type=int, default=16)
+    ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--step-sleep", type=float, default=0.05)
     ap.add_argument("--work", type=Path, default=Path("/tmp/snapshotter-gpu-check"))
     a = ap.parse_args()
@@ -273,16 +286,20 @@ def main() -> int:
             out(error="no usable NVIDIA driver / checkpoint API on this machine (see log)")
             return 2
         out(gpus=[g.to_dict() for g in driver.gpus()])
+    assert driver is not None
     stage = GpuStage(driver, GpuStageSettings(lock_timeout_s=30, op_timeout_s=300))
     shutil.rmtree(a.work, ignore_errors=True)  # logs are appended: start from nothing
     a.work.mkdir(parents=True, exist_ok=True)
     ok = True
-    for name, nproc in (("single", 1), ("nccl", 2)):
+    cases: tuple[tuple[str, int, list[str]], ...] = (
+        ("single", 1, []), ("nccl", 1, ["--dist", "--backend", "nccl"]),
+        ("gloo2", 2, ["--backend", "gloo"]))
+    for name, nproc, extra in cases:
         if a.case not in (name, "all"):
             continue
         t0 = time.monotonic()
         try:
-            r = case(name, nproc, a, stage, fake, a.work / name)
+            r = case(name, nproc, extra, a, stage, fake, a.work / name)
         except Exception as e:  # noqa: BLE001 - one case failing must not hide the other
             out(case=name, error=f"{type(e).__name__}: {e}"[-4000:])
             ok = False

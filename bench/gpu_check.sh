@@ -14,8 +14,9 @@
 # Rehearsal without a GPU (same orchestration, fake driver, CPU + gloo):
 #   bash bench/gpu_check.sh --rehearse
 #
-# Budget: two cases x (reference + freeze-continue + thaw) of a ~1.1 GB-parameter job (16
-# layers x 4096^2 fp32 plus AdamW state, ~3 GB of GPU state per rank); about 3-5 minutes.
+# Budget: three cases x (reference + freeze-continue + thaw) of a ~0.5 GB-parameter job (8
+# layers x 4096^2 fp32 plus grads and AdamW state, ~2 GB of GPU state per rank); 3-5 minutes.
+# Rank logs and CRIU logs come back as $OUT/gpu-check-logs.tgz when $OUT is set.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEV=build/device
@@ -48,4 +49,12 @@ export SNAPSHOTTER_SNAPINIT="$PWD/$DEV/snapinit"
 nvidia-smi --query-gpu=name,uuid,memory.total,driver_version --format=csv,noheader || true
 /opt/snapshotter/criu/bin/criu --version | head -1
 "$PY" -c 'import torch, cuda.bindings; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "cuda-python", cuda.bindings.__version__)'
-exec timeout 520 "$PY" bench/gpu_check.py --driver cuda --device cuda "$@"
+uname -r
+/opt/snapshotter/criu/bin/criu check 2>&1 | tail -5 || true   # diagnostic only: the run says more
+timeout 150 "$PY" bench/gpu_preflight.py || true
+rc=0
+timeout 420 "$PY" bench/gpu_check.py --driver cuda --device cuda "$@" || rc=$?
+if [[ -n "${OUT:-}" && -d /tmp/snapshotter-gpu-check ]]; then
+    tar -C /tmp/snapshotter-gpu-check --exclude='*-images' -czf "$OUT/gpu-check-logs.tgz" . || true
+fi
+exit "$rc"

@@ -1,6 +1,7 @@
 """The device check's training job: deterministic, prints `step N` per step and one
 `RESULT {...}` line (sha256 of the final parameters) at the end. CUDA when --device cuda;
-with WORLD_SIZE > 1 it is DDP over NCCL (gloo on CPU). Knows nothing of snapshotter."""
+with WORLD_SIZE > 1 (or --dist) it is DDP over --backend (NCCL on CUDA, gloo on CPU).
+Knows nothing of snapshotter."""
 
 from __future__ import annotations
 
@@ -21,6 +22,9 @@ def main() -> None:
     ap.add_argument("--width", type=int, default=2048)
     ap.add_argument("--layers", type=int, default=8)
     ap.add_argument("--step-sleep", type=float, default=0.05)
+    ap.add_argument("--backend", choices=["auto", "nccl", "gloo"], default="auto",
+                    help="auto: nccl on CUDA, gloo on CPU")
+    ap.add_argument("--dist", action="store_true", help="use a process group even when alone")
     a = ap.parse_args()
     world = int(os.environ.get("WORLD_SIZE", "1"))
     rank = int(os.environ.get("RANK", "0"))
@@ -34,8 +38,13 @@ def main() -> None:
     for _ in range(a.layers):
         layers += [torch.nn.Linear(a.width, a.width), torch.nn.GELU()]
     model: torch.nn.Module = torch.nn.Sequential(*layers).to(dev)
-    if world > 1:
-        dist.init_process_group("nccl" if dev.type == "cuda" else "gloo")
+    distributed = world > 1 or a.dist
+    if distributed:
+        backend = a.backend if a.backend != "auto" else (
+            "nccl" if dev.type == "cuda" else "gloo")
+        if backend == "nccl" and dev.type != "cuda":
+            backend = "gloo"  # the CPU rehearsal of an NCCL case
+        dist.init_process_group(backend)
         model = torch.nn.parallel.DistributedDataParallel(
             model, device_ids=[0] if dev.type == "cuda" else None
         )
@@ -57,7 +66,7 @@ def main() -> None:
         h.update(p.detach().cpu().numpy().tobytes())
     print("RESULT " + json.dumps({"rank": rank, "digest": h.hexdigest(),
                                   "loss": float(loss)}), flush=True)
-    if world > 1:
+    if distributed:
         dist.destroy_process_group()
 
 

@@ -6,7 +6,8 @@
  *
  * With --private-tmp DIR the outer process first unshares a mount namespace (propagation made
  * private, so nothing leaks either way), mounts a fresh tmpfs on DIR (an existing directory),
- * sets TMPDIR=DIR, reopens stdin from /dev/null and re-executes itself: everything the
+ * sets TMPDIR=DIR, reopens stdin from /dev/null and re-executes itself (the init later mounts
+ * its PID namespace's own /proc there): everything the
  * sandbox maps or opens from then on (this binary included) lives on the new namespace's
  * mounts, which CRIU dumps with the tree (the tmpfs with its contents). Python's
  * multiprocessing binds its listeners under TMPDIR, so copies restored from one snapshot on
@@ -229,6 +230,14 @@ int main(int argc, char **argv)
 		die("fork init");
 	if (init == 0) {
 		close(pid_fd);
+		/*
+		 * A procfs of this PID namespace, in our private mount namespace: the host's /proc
+		 * names host pids, so /proc/<getpid()> would be some other process. The CUDA driver
+		 * looks itself up that way and fails cuInit with error 304 without this (seen on the
+		 * H200 machine; `unshare --pid --fork` fails the same, `--mount-proc` works).
+		 */
+		if (mounted && mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
+			die("mount /proc");
 		_exit(run_init(argv, init_cwd, &set, max_dst));
 	}
 	snprintf(buf, sizeof(buf), "%d\n", (int)init);

@@ -27,6 +27,11 @@ def install() -> Hook | None:
     hook = from_env()
     if hook is None:
         return None
+    # NCCL >= 2.24 starts a process-wide RAS service on first communicator init whose listening
+    # sockets (127.0.0.1:28028 and one on the bootstrap interface) outlive every communicator:
+    # a rank holding them cannot be suspended (seen on the H200 machine). The job's own setting
+    # wins, and a freeze then names those sockets.
+    os.environ.setdefault("NCCL_RAS_ENABLE", "0")
     try:
         import torch.distributed  # noqa: F401
     except ImportError as e:

@@ -339,3 +339,20 @@ def test_forks_of_one_snapshot_have_private_tmpdirs(sandboxes: Sandboxes, tmp_pa
     assert not os.path.exists(f"{tmp}/pymp-x")
     for sb in everyone:
         assert sb.poll() is None
+
+
+@pytest.mark.timeout(120)
+def test_restored_sandbox_keeps_its_own_proc(sandboxes: Sandboxes, tmp_path: Path) -> None:
+    from snapshotter.sandbox.spawn import PRIVATE_TMP
+
+    prog = tmp_path / "proc.py"
+    prog.write_text(base.PROC_SRC)
+    original = sandboxes.spawn(prog, private_tmp=PRIVATE_TMP)
+    Lines(original.io.stdout).wait_for(r"^pid 2 procself 2$")
+    criu.dump(original.pid, tmp_path / "img", leave_running=False, log_dir=tmp_path / "log")
+    copy = sandboxes.add(criu.restore(tmp_path / "img", original.io.inodes,
+                                      log_dir=tmp_path / "rlog"))
+    out = Lines(copy.io.stdout)
+    out.wait_for(r"^pid ")
+    seen = len(out.lines)
+    assert out.wait_for(r"^pid (\d+) procself (\d+)$", start=seen).groups() == ("2", "2")

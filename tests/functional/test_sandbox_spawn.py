@@ -305,3 +305,25 @@ def test_netns_is_entered_alone(sandboxes: Sandboxes, rank_py: Path) -> None:
         sandboxes.cleanup()
         sandboxes.all.clear()
         subprocess.run(["ip", "netns", "delete", name], check=False)
+
+
+# Prints, every 50 ms, the pid it has and the pid /proc/self names: equal only when /proc is
+# the rank's own PID namespace's (the CUDA driver needs that: cuInit fails with 304 otherwise).
+PROC_SRC = r"""
+import os, time
+while True:
+    os.write(1, f"pid {os.getpid()} procself {os.readlink('/proc/self')}\n".encode())
+    time.sleep(0.05)
+"""
+
+
+@pytest.mark.timeout(60)
+def test_private_tmp_sandbox_has_its_own_proc(sandboxes: Sandboxes, tmp_path: Path) -> None:
+    from snapshotter.sandbox.spawn import PRIVATE_TMP
+
+    prog = tmp_path / "proc.py"
+    prog.write_text(PROC_SRC)
+    sb = sandboxes.spawn(prog, private_tmp=PRIVATE_TMP)
+    m = Lines(sb.io.stdout).wait_for(r"^pid (\d+) procself (\d+)$")
+    assert m.group(1) == m.group(2) == "2"  # the rank, right after its init (pid 1)
+    assert os.readlink("/proc/self") == str(os.getpid())  # the host's /proc is untouched
