@@ -11,6 +11,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from typing import Any, TypeVar
 
+from snapshotter.launch.spec import JobSpec
 from snapshotter.rpc.wire import Client
 
 AGENT_SERVICE = "snapshotter.Agent"
@@ -23,15 +24,30 @@ class AgentHandle:
     name: str
     address: str
     host: str
+    # The coordinator's fencing token, sent with every call (snapshotter/agent/fencing.py).
+    fence: tuple[int, str] | None = None
+    # time.monotonic() of the agent's last registration heartbeat (None: never expires).
+    seen: float | None = None
 
     def __post_init__(self) -> None:
         self.client = Client(self.address, AGENT_SERVICE)
 
+    def _with_fence(self, req: Msg | None) -> Msg:
+        out = dict(req or {})
+        if self.fence is not None:
+            out["fence"] = list(self.fence)
+        return out
+
     def call(self, method: str, req: Msg | None = None, timeout: float | None = 60.0) -> Msg:
-        return self.client.call(method, req, timeout=timeout)
+        return self.client.call(method, self._with_fence(req), timeout=timeout)
 
     def stream(self, method: str, req: Msg | None = None) -> Iterator[Msg]:
-        return self.client.stream(method, req)
+        return self.client.stream(method, self._with_fence(req))
+
+
+def open_store_req(spec: JobSpec) -> Msg:
+    """OpenStore on node 0's agent: the job's rendezvous store, started with its Python."""
+    return {"job_id": spec.job_id, "python": spec.python, "env": spec.env}
 
 
 def on_all(

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import logging
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
@@ -40,6 +41,7 @@ class FreezeSettings:
     quiesce_timeout: float = 60.0
     suspend_timeout: float = 60.0
     resume_timeout: float = 120.0
+    keepalive_s: float = 5.0
 
 
 def _first(failures: dict[str, BaseException]) -> BaseException:
@@ -73,11 +75,29 @@ class FreezeOperation:
         return {"job_id": self.spec.job_id, "freeze_id": self.freeze_id, **kw}
 
     def run(self) -> Iterator[Msg]:
+        done = threading.Event()
+        keeper = threading.Thread(target=self._keep_alive, args=(done,), daemon=True)
+        keeper.start()
         try:
             yield from self._run()
         except BaseException as e:
-            self._recover(e)
+            lost = self._recover(e)
+            if lost:
+                raise errors.FreezeFailed(
+                    f"{e.cause if isinstance(e, errors.SnapshotterError) else e}; node(s) "
+                    f"{', '.join(lost)} are gone, so the job was stopped on the others",
+                    "thaw its latest snapshot (`snapshotter list --job "
+                    f"{self.spec.job_id}`) onto healthy nodes with --nodes",
+                ) from e
             raise
+        finally:
+            done.set()
+
+    def _keep_alive(self, done: threading.Event) -> None:
+        """Renew every agent's lease on this freeze while it runs: a node that is quick in a
+        phase must not give up while a slower one still works (agent/node.py: leases)."""
+        while not done.wait(self.settings.keepalive_s):
+            on_all(self.agents, lambda a: a.call("KeepFreeze", self._req(), timeout=5))
 
     def _run(self) -> Iterator[Msg]:
         s = self.settings
@@ -216,11 +236,33 @@ class FreezeOperation:
                 "the job is likely stuck; cancel it and thaw the last snapshot",
             ) from _first(fail)
 
-    def _recover(self, cause: BaseException) -> None:
-        """Put the job back as it was: unpark, or resume after a suspend; drop partial data."""
+    def _recover(self, cause: BaseException) -> list[str]:
+        """Put the job back as it was: unpark, or resume after a suspend; drop partial data.
+        When a node is gone (its agent does not answer, or its ranks died) the job cannot go
+        on: it is stopped everywhere, and the nodes lost are returned."""
         log.warning(
             "freeze %s of %s failed: %s; recovering", self.freeze_id, self.spec.job_id, cause
         )
+        lost = self._lost_nodes()
+        if lost:
+            if self._uploaded:
+                on_all(self.agents, lambda a: a.call("DiscardUpload", self._req(), timeout=30))
+            on_all(
+                [a for a in self.agents if a.name not in lost],
+                lambda a: a.call("Cancel", {"job_id": self.spec.job_id}, timeout=60),
+            )
+            return lost
+        self._restore_job()
+        return []
+
+    def _lost_nodes(self) -> list[str]:
+        res, fail = on_all(
+            self.agents, lambda a: a.call("Status", {"job_id": self.spec.job_id}, timeout=10)
+        )
+        dead = [n for n, st in res.items() if st["state"] in ("FAILED", "CANCELLED")]
+        return sorted([*fail, *dead])
+
+    def _restore_job(self) -> None:
         if self._uploaded:
             on_all(self.agents, lambda a: a.call("DiscardUpload", self._req(), timeout=120))
         if self._suspended and not self._resumed:

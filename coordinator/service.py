@@ -15,9 +15,10 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from coordinator.agents import AgentHandle, on_all
+from coordinator.agents import AgentHandle, on_all, open_store_req
 from coordinator.decisions import JobPhase, exit_code, job_phase, thaw_job_id
 from coordinator.freeze import FreezeOperation, FreezeSettings
+from coordinator.gc import DEFAULT_MIN_AGE_S, gc_report
 from coordinator.thaw import ThawOperation
 from snapshotter import errors
 from snapshotter.launch.spec import JobSpec, new_job_id, validate_job_id
@@ -40,22 +41,76 @@ class JobRecord:
 
 
 class Coordinator:
-    def __init__(self, store: ObjectStore, store_url: str) -> None:
+    """Jobs and agents as this coordinator knows them. Nothing here must outlive it: after a
+    restart, agents re-register (their heartbeat) and report their jobs, and snapshots are
+    read from the store, so a new coordinator picks up where the old one was."""
+
+    def __init__(
+        self,
+        store: ObjectStore,
+        store_url: str,
+        token: tuple[int, str] | None = None,
+        agent_ttl: float = 15.0,
+    ) -> None:
         self.store = store
         self.store_url = store_url
+        self.token = token
+        self.agent_ttl = agent_ttl
         self._agents: dict[str, AgentHandle] = {}
         self._jobs: dict[str, JobRecord] = {}
+        # Snapshots this coordinator's freezes are writing now: never garbage to gc.
+        self._writing: set[str] = set()
         self._lock = threading.Lock()
 
     # ----------------------------------------------------------------- agents
-    def register_agent(self, name: str, address: str, host: str) -> Msg:
+    def register_agent(self, name: str, address: str, host: str, heartbeat: bool = False) -> Msg:
+        """An agent announces itself (at start, then as a heartbeat). A new or moved agent is
+        asked for its jobs, so a restarted coordinator re-learns what runs where."""
+        seen = time.monotonic() if heartbeat else None
         with self._lock:
-            self._agents[name] = AgentHandle(name=name, address=address, host=host)
-        return {"registered": name}
+            old = self._agents.get(name)
+            fresh = old is None or old.address != address
+            if fresh:
+                handle = AgentHandle(name=name, address=address, host=host, fence=self.token)
+                self._agents[name] = handle
+            else:
+                handle = old  # type: ignore[assignment]
+            handle.seen = seen
+        if fresh:
+            try:
+                self._learn(handle)
+            except errors.SnapshotterError as e:
+                log.warning("could not learn the jobs of agent %s: %s", name, e)
+        return {"registered": name, "fence": list(self.token) if self.token else None}
+
+    def _learn(self, agent: AgentHandle) -> None:
+        for j in agent.call("Jobs", timeout=10)["jobs"]:
+            spec = JobSpec.from_dict(j["spec"])
+            node_rank = int(j["node_rank"])
+            with self._lock:
+                rec = self._jobs.get(spec.job_id)
+                if rec is None:
+                    rec = JobRecord(spec=spec, nodes=[""] * spec.nnodes)
+                    self._jobs[spec.job_id] = rec
+                    learned = True
+                else:
+                    learned = False
+                if 0 <= node_rank < len(rec.nodes) and not rec.nodes[node_rank]:
+                    rec.nodes[node_rank] = agent.name
+            if learned:
+                rec.snapshots = [
+                    s["snapshot_id"] for s in self.list_snapshots({"job_id": spec.job_id})[
+                        "snapshots"]
+                ]
+                log.info("learned job %s from agent %s", spec.job_id, agent.name)
+
+    def _live(self, a: AgentHandle, now: float) -> bool:
+        return a.seen is None or now - a.seen <= self.agent_ttl
 
     def _agents_for(self, nnodes: int, nodes: list[str] | None) -> list[AgentHandle]:
+        now = time.monotonic()
         with self._lock:
-            agents = dict(self._agents)
+            agents = {n: a for n, a in self._agents.items() if self._live(a, now)}
         if not agents:
             raise errors.ServiceUnavailable(
                 "no node agent is registered with the coordinator",
@@ -85,8 +140,9 @@ class Coordinator:
         return rec
 
     def _handles(self, rec: JobRecord) -> list[AgentHandle]:
+        """The job's agents in node-rank order (nodes not yet re-learned are left out)."""
         with self._lock:
-            return [self._agents[n] for n in rec.nodes]
+            return [self._agents[n] for n in rec.nodes if n in self._agents]
 
     # ----------------------------------------------------------------- jobs
     def run(self, req: Msg) -> Msg:
@@ -118,10 +174,14 @@ class Coordinator:
             rec = JobRecord(spec=spec, nodes=[a.name for a in agents], busy="RUNNING")
             self._jobs[job_id] = rec
         try:
+            # Node 0 hosts the rendezvous store; every node's ranks are pointed at it.
+            store_at = agents[0].call("OpenStore", open_store_req(spec), timeout=90)
             res, fail = on_all(
                 agents,
                 lambda a: a.call(
-                    "Launch", {"spec": spec.to_dict(), "node_rank": agents.index(a)}, timeout=120
+                    "Launch",
+                    {"spec": spec.to_dict(), "node_rank": agents.index(a), "store": store_at},
+                    timeout=120,
                 ),
             )
             if fail:
@@ -129,9 +189,12 @@ class Coordinator:
                     [a for a in agents if a.name in res],
                     lambda a: a.call("Cancel", {"job_id": job_id}),
                 )
-                with self._lock:
-                    self._jobs.pop(job_id, None)
                 raise next(iter(fail.values()))
+        except BaseException:
+            on_all(agents[:1], lambda a: a.call("CloseStore", {"job_id": job_id}))
+            with self._lock:
+                self._jobs.pop(job_id, None)
+            raise
         finally:
             rec.busy = None
         return self.status(job_id)
@@ -251,7 +314,13 @@ class Coordinator:
                 settings,
                 on_committed=rec.snapshots.append,
             )
-            yield from op.run()
+            with self._lock:
+                self._writing.add(op.snapshot_id)
+            try:
+                yield from op.run()
+            finally:
+                with self._lock:
+                    self._writing.discard(op.snapshot_id)
         finally:
             rec.busy = None
             rec.lock.release()
@@ -325,15 +394,35 @@ class Coordinator:
         delete_snapshot(self.store, snapshot_id)
         return {"deleted": snapshot_id}
 
+    def gc(self, req: Msg) -> Msg:
+        """Orphaned chunks (no manifest) older than the grace period, listed or deleted. The
+        grace period also covers freezes of a coordinator that died mid-upload (their agents
+        may still be writing)."""
+        with self._lock:
+            writing = set(self._writing)
+        return gc_report(
+            self.store,
+            writing,
+            now=time.time(),
+            min_age_s=float(req.get("min_age_s", DEFAULT_MIN_AGE_S)),
+            delete=bool(req.get("delete")),
+        )
+
     def running_jobs(self) -> list[str]:
         with self._lock:
             ids = list(self._jobs)
         return [j for j in ids if self._is_active(j)]
 
     def ping(self) -> Msg:
+        now = time.monotonic()
         with self._lock:
-            agents = sorted(self._agents)
-        return {"pid": os.getpid(), "store": self.store_url, "agents": agents}
+            agents = sorted(n for n, a in self._agents.items() if self._live(a, now))
+        return {
+            "pid": os.getpid(),
+            "store": self.store_url,
+            "agents": agents,
+            "fence": list(self.token) if self.token else None,
+        }
 
 
 def _summary(sid: str, m: Any) -> Msg:
@@ -353,7 +442,9 @@ def _summary(sid: str, m: Any) -> Msg:
 def coordinator_service(c: Coordinator) -> tuple[dict[str, Any], dict[str, Any]]:
     unary = {
         "Ping": lambda req: c.ping(),
-        "RegisterAgent": lambda req: c.register_agent(req["name"], req["address"], req["host"]),
+        "RegisterAgent": lambda req: c.register_agent(
+            req["name"], req["address"], req["host"], bool(req.get("heartbeat"))
+        ),
         "Run": c.run,
         "Status": lambda req: c.status(req["job_id"]),
         "Jobs": lambda req: c.jobs(),
@@ -362,6 +453,7 @@ def coordinator_service(c: Coordinator) -> tuple[dict[str, Any], dict[str, Any]]
         "List": c.list_snapshots,
         "Show": lambda req: c.show(req["snapshot_id"]),
         "Delete": lambda req: c.delete(req["snapshot_id"]),
+        "Gc": c.gc,
     }
     streaming = {"Freeze": c.freeze, "Thaw": c.thaw, "Logs": c.logs}
     return unary, streaming

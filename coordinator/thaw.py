@@ -10,11 +10,13 @@ A failure in either phase leaves no process behind and the snapshot untouched.
 
 from __future__ import annotations
 
+import secrets
+import threading
 import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from coordinator.agents import AgentHandle, merge_streams, on_all
+from coordinator.agents import AgentHandle, merge_streams, on_all, open_store_req
 from snapshotter import errors
 from snapshotter.launch.spec import JobSpec
 
@@ -45,6 +47,7 @@ class ThawOperation:
                 f"pass exactly {spec.nnodes} node(s) with --nodes",
             )
         self.snapshot_id = snapshot_id
+        self.thaw_id = f"thw-{secrets.token_hex(6)}"
         self.meta = meta
         self.spec = spec
         self.agents = list(agents)
@@ -52,6 +55,24 @@ class ThawOperation:
         self._ranks = ranks_by_node(meta, spec.nnodes)
 
     def run(self) -> Iterator[Msg]:
+        # Node 0's store starts while every node fetches (it needs the job's torch imported).
+        opened: dict[str, Any] = {}
+        opener = threading.Thread(target=self._open_store, args=(opened,), daemon=True)
+        opener.start()
+        try:
+            yield from self._run(opener, opened)
+        except BaseException:
+            opener.join()
+            on_all(self.agents[:1], lambda a: a.call("CloseStore", {"job_id": self.spec.job_id}))
+            raise
+
+    def _open_store(self, out: dict[str, Any]) -> None:
+        try:
+            out["store"] = self.agents[0].call("OpenStore", open_store_req(self.spec), timeout=90)
+        except BaseException as e:  # noqa: BLE001 - raised in the restore phase
+            out["error"] = e
+
+    def _run(self, opener: threading.Thread, opened: dict[str, Any]) -> Iterator[Msg]:
         t0 = time.monotonic()
         node_of = {a.name: i for i, a in enumerate(self.agents)}
         ops: dict[str, str] = {}
@@ -77,6 +98,10 @@ class ThawOperation:
             self._discard(ops)
             raise next(iter(failures.values()))
 
+        opener.join()
+        if "error" in opened:
+            self._discard(ops)
+            raise opened["error"]
         yield {"event": "phase", "phase": "restore"}
         t1 = time.monotonic()
         res, fail = on_all(
@@ -89,6 +114,8 @@ class ThawOperation:
                     "ranks": self._ranks[node_of[a.name]],
                     "node_rank": node_of[a.name],
                     "timeout": self.resume_timeout,
+                    "store": opened["store"],
+                    "epoch": self.thaw_id,
                 },
                 timeout=None,
             ),

@@ -197,3 +197,12 @@ class GpuRemapRefused(GpuCheckpointError):
 
 for _cls in (GpuDriverError, GpuLockTimeout, GpuRemapRefused):
     _register(_cls)
+
+
+class Fenced(ServiceUnavailable):
+    """A coordinator acted after a newer one took over (its fencing token is stale)."""
+
+    code = "fenced"
+
+
+_register(Fenced)

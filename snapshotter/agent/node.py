@@ -9,6 +9,7 @@ coordinator's abort/resume puts the ranks back.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import shutil
 import threading
@@ -50,11 +51,18 @@ Msg = dict[str, Any]
 @dataclass
 class _Freeze:
     freeze_id: str
+    job_id: str
     work: Path
     records: dict[int, Msg] = field(default_factory=dict)
     writer: SnapshotWriter | None = None
     # GPU state checkpointed for the dump and not yet restored into the ranks.
     gpu: GpuHold | None = None
+    # The lease: the coordinator's calls and keep-alives renew it; when it runs out with no
+    # call in flight, the agent puts the ranks back on its own (the coordinator died).
+    touched: float = field(default_factory=time.monotonic)
+    in_flight: int = 0
+    suspended: bool = False
+    resumed: bool = False
 
 
 @dataclass(frozen=True)
@@ -74,6 +82,9 @@ class NodeSettings:
     private_tmp: bool = True
     # Builds this node's GPU stage (None: none). Unset: the real driver when there is one.
     gpu: Callable[[], GpuStage | None] | None = None
+    # Seconds a freeze may go without any call or keep-alive from the coordinator before the
+    # agent gives up on it and resumes (or unparks) its ranks; 0 disables the watchdog.
+    freeze_lease_s: float = 60.0
 
 
 class NodeAgent:
@@ -84,9 +95,14 @@ class NodeAgent:
         self._jobs: dict[str, NodeJob] = {}
         self._freezes: dict[str, _Freeze] = {}
         self._lock = threading.Lock()
+        # Stores opened for jobs about to launch or thaw here as node 0 (by job id).
+        self._stores: dict[str, StoreServer] = {}
         self._gpu_stage: GpuStage | None = None
         self._gpu_checked = False
+        self._closed = threading.Event()
         become_subreaper()
+        if settings.freeze_lease_s > 0:
+            threading.Thread(target=self._watch_leases, daemon=True, name="leases").start()
 
     # ----------------------------------------------------------------- helpers
     @property
@@ -154,19 +170,57 @@ class NodeAgent:
                 )
             self._jobs[job.spec.job_id] = job
 
+    # ----------------------------------------------------------------- stores
+    def open_store(self, job_id: str, python: str, env: dict[str, str]) -> Msg:
+        """Start the rendezvous store of a job about to launch or thaw with this node as node
+        0; the coordinator hands its address to every node's Launch/Restore."""
+        server = StoreServer(python, self.settings.host, env)
+        try:
+            addr = server.address
+        except BaseException:
+            server.stop()
+            raise
+        with self._lock:
+            old = self._stores.pop(job_id, None)
+            self._stores[job_id] = server
+        if old is not None:
+            old.stop()
+        return {"host": addr.host, "port": addr.port}
+
+    def close_store(self, job_id: str) -> Msg:
+        """Stop a store opened for a launch or thaw that did not happen."""
+        with self._lock:
+            server = self._stores.pop(job_id, None)
+        if server is not None:
+            server.stop()
+        return {}
+
+    def _store_for(
+        self, spec: JobSpec, store: StoreAddress | None
+    ) -> tuple[StoreServer | None, StoreAddress | None]:
+        """The job's store on this node: the one opened for it here (node 0), or a new one
+        when none is named (a caller driving one node alone), or only node 0's address."""
+        with self._lock:
+            opened = self._stores.pop(spec.job_id, None)
+        if opened is not None:
+            return opened, None
+        if store is None:
+            return StoreServer(spec.python, self.settings.host, spec.env), None
+        return None, store
+
     # ----------------------------------------------------------------- launch
-    def launch(self, spec: JobSpec, node_rank: int) -> Msg:
+    def launch(self, spec: JobSpec, node_rank: int, store_at: StoreAddress | None = None) -> Msg:
         with self._lock:
             old = self._jobs.get(spec.job_id)
             if old is not None and not old.state.terminal:
                 raise errors.InvalidArgument(
                     f"job {spec.job_id} is already running", "choose another --job-id"
                 )
-        store = StoreServer(spec.python, self.settings.host, spec.env)
-        job = NodeJob(spec=spec, node_rank=node_rank, store=store)
+        store, remote = self._store_for(spec, store_at)
+        job = NodeJob(spec=spec, node_rank=node_rank, store=store, remote_store=remote)
         try:
             for p in placements(spec.nnodes, spec.nproc_per_node, node_rank):
-                env = rank_env(spec.env, p, store.address, spec.job_id, self.node_env)
+                env = rank_env(spec.env, p, job.store_address, spec.job_id, self.node_env)
                 argv = rank_argv(spec.python, spec.script, spec.script_args, spec.module)
                 init_cwd = self.paths.init_cwd(f"{spec.job_id}-r{p.rank}-{uuid.uuid4().hex[:8]}")
                 init_cwd.mkdir(parents=True, exist_ok=True)
@@ -182,7 +236,8 @@ class NodeAgent:
         except BaseException:
             for r in job.ranks:
                 r.sandbox.kill()
-            store.stop()
+            if store is not None:
+                store.stop()
             raise
         self._register(job)
         job.watch()
@@ -233,13 +288,17 @@ class NodeAgent:
             raise
         work = self.paths.work_dir(freeze_id)
         with self._lock:
-            self._freezes[freeze_id] = _Freeze(freeze_id=freeze_id, work=work)
+            self._freezes[freeze_id] = _Freeze(freeze_id=freeze_id, job_id=job_id, work=work)
         return {"counts": {str(k): v for k, v in counts.items()}}
 
     def park(self, job_id: str, freeze_id: str, targets: dict[str, int], timeout: float) -> Msg:
         """Arm the barrier on every rank and wait until all are parked or the deadline passes.
         Ranks that did not park are reported, not raised: the coordinator decides to abort."""
         job = self.job(job_id)
+        with self._driving(freeze_id):
+            return self._park(job, freeze_id, targets, timeout)
+
+    def _park(self, job: NodeJob, freeze_id: str, targets: dict[str, int], timeout: float) -> Msg:
         for r in job.ranks:
             r.channel.send({"op": "park", "freeze": freeze_id, "targets": targets})
         deadline = time.monotonic() + timeout
@@ -255,12 +314,14 @@ class NodeAgent:
 
     def suspend(self, job_id: str, freeze_id: str, timeout: float) -> Msg:
         job = self.job(job_id)
-        self._each(
-            job,
-            lambda r: r.channel.request(
-                {"op": "suspend", "freeze": freeze_id}, "suspended", timeout
-            ),
-        )
+        with self._driving(freeze_id) as fr:
+            fr.suspended = True  # a failure half-way must be resumed too
+            self._each(
+                job,
+                lambda r: r.channel.request(
+                    {"op": "suspend", "freeze": freeze_id}, "suspended", timeout
+                ),
+            )
         return {}
 
     def abort(self, job_id: str, freeze_id: str, timeout: float = 30.0) -> Msg:
@@ -277,7 +338,11 @@ class NodeAgent:
 
     def dump(self, job_id: str, freeze_id: str) -> Msg:
         job = self.job(job_id)
-        fr = self._freeze(freeze_id)
+        with self._driving(freeze_id) as fr:
+            return self._dump(job, fr)
+
+    def _dump(self, job: NodeJob, fr: _Freeze) -> Msg:
+        freeze_id = fr.freeze_id
         fr.work.mkdir(parents=True, exist_ok=True)
         logs = self.paths.criu_logs(freeze_id)
 
@@ -317,15 +382,21 @@ class NodeAgent:
 
     def resume(self, job_id: str, freeze_id: str, timeout: float) -> Msg:
         job = self.job(job_id)
-        assert job.store is not None
         # With --stop the ranks are killed after the commit and this is never called; a
         # failed --stop freeze resumes through here, so its GPU state comes back too.
-        self._gpu_release(freeze_id)
-        self._resume_ranks(job, job.store.address, freeze_id, timeout)
+        with self._driving(freeze_id, must_exist=False) as fr:
+            self._gpu_release(freeze_id)
+            self._resume_ranks(job, job.store_address, freeze_id, timeout)
+            if fr is not None:
+                fr.resumed = True
         return {}
 
     def upload(self, job_id: str, freeze_id: str, snapshot_id: str) -> Iterator[Msg]:
-        fr = self._freeze(freeze_id)
+        with self._driving(freeze_id) as fr:
+            yield from self._upload(fr, snapshot_id)
+
+    def _upload(self, fr: _Freeze, snapshot_id: str) -> Iterator[Msg]:
+        freeze_id = fr.freeze_id
         events: list[Msg] = []
         ev_lock = threading.Condition()
         result: dict[str, Any] = {}
@@ -403,6 +474,67 @@ class NodeAgent:
         self._end_freeze(job, freeze_id)
         return job.describe()
 
+    def keep_freeze(self, job_id: str, freeze_id: str) -> Msg:
+        """The coordinator is still driving this freeze (sent while other nodes work)."""
+        with self._lock:
+            fr = self._freezes.get(freeze_id)
+            if fr is not None:
+                fr.touched = time.monotonic()
+        return {"known": fr is not None}
+
+    @contextlib.contextmanager
+    def _driving(self, freeze_id: str, must_exist: bool = True) -> Iterator[Any]:
+        """A coordinator call on a freeze: the lease does not run out while it is in flight."""
+        with self._lock:
+            fr = self._freezes.get(freeze_id)
+            if fr is not None:
+                fr.in_flight += 1
+                fr.touched = time.monotonic()
+        if fr is None and must_exist:
+            fr = self._freeze(freeze_id)  # raises the typed error
+        try:
+            yield fr
+        finally:
+            if fr is not None:
+                with self._lock:
+                    fr.in_flight -= 1
+                    fr.touched = time.monotonic()
+
+    def _watch_leases(self) -> None:
+        lease = self.settings.freeze_lease_s
+        while not self._closed.wait(min(1.0, lease / 4)):
+            now = time.monotonic()
+            with self._lock:
+                expired = [
+                    f for f in self._freezes.values()
+                    if f.in_flight == 0 and now - f.touched > lease
+                ]  # fmt: skip
+            for fr in expired:
+                try:
+                    self._abandon(fr)
+                except Exception:  # noqa: BLE001 - the watchdog must keep running
+                    log.exception("recovering abandoned freeze %s failed", fr.freeze_id)
+
+    def _abandon(self, fr: _Freeze) -> None:
+        """The coordinator stopped driving this freeze: put the ranks back as they were.
+        Chunks already uploaded stay (a manifest may have been written after all): without a
+        manifest they are orphans for `snapshotter gc`."""
+        log.warning(
+            "freeze %s of job %s: no word from the coordinator for %.0fs; %s",
+            fr.freeze_id, fr.job_id, self.settings.freeze_lease_s,
+            "resuming the ranks" if fr.suspended and not fr.resumed else "releasing the ranks",
+        )  # fmt: skip
+        job = self.job(fr.job_id)
+        if fr.suspended and not fr.resumed:
+            self._gpu_release(fr.freeze_id)
+            # Every node's agent recovers the same way, so all ranks meet under one epoch.
+            self._resume_ranks(job, job.store_address, f"{fr.freeze_id}-recovered", 300.0)
+            self._end_freeze(job, fr.freeze_id)
+        elif not fr.suspended:
+            self.abort(fr.job_id, fr.freeze_id)
+        else:
+            self._end_freeze(job, fr.freeze_id)
+
     def _freeze(self, freeze_id: str) -> _Freeze:
         with self._lock:
             fr = self._freezes.get(freeze_id)
@@ -451,7 +583,14 @@ class NodeAgent:
         return {}
 
     def restore(
-        self, op: str, spec: JobSpec, ranks: list[Msg], node_rank: int, timeout: float
+        self,
+        op: str,
+        spec: JobSpec,
+        ranks: list[Msg],
+        node_rank: int,
+        timeout: float,
+        store_at: StoreAddress | None = None,
+        epoch: str | None = None,
     ) -> Msg:
         """Restore this node's ranks from a fetched snapshot, in parallel, then resume them
         with this node's store address and network settings."""
@@ -480,8 +619,8 @@ class NodeAgent:
                     "thaw onto a node with NVIDIA GPUs of the snapshot's type (r550+ driver)",
                 )
             mapping = gpu.plan(recorded) if gpu is not None else {}
-            store = StoreServer(spec.python, self.settings.host, spec.env)
-            job = NodeJob(spec=spec, node_rank=node_rank, store=store)
+            store, remote = self._store_for(spec, store_at)
+            job = NodeJob(spec=spec, node_rank=node_rank, store=store, remote_store=remote)
             logs = self.paths.criu_logs(op)
 
             def one(rec: Msg) -> RankRuntime:
@@ -524,7 +663,8 @@ class NodeAgent:
                 gpu_out = {str(k): v for k, v in thawed.items()}
                 restore_s += time.monotonic() - t_gpu
             t2 = time.monotonic()
-            self._resume_ranks(job, store.address, op, timeout)
+            # Every node's ranks must rebuild under one epoch (the coordinator's thaw id).
+            self._resume_ranks(job, job.store_address, epoch or op, timeout)
             res: Msg = {
                 "node": self.settings.name,
                 "restore_s": restore_s,
@@ -560,9 +700,10 @@ class NodeAgent:
         return self.job(job_id).describe()
 
     def jobs(self) -> Msg:
+        """Every job this node holds, with its spec: what a restarted coordinator re-learns."""
         with self._lock:
             jobs = list(self._jobs.values())
-        return {"jobs": [j.describe() for j in jobs]}
+        return {"jobs": [{**j.describe(), "spec": j.spec.to_dict()} for j in jobs]}
 
     def wait(self, job_id: str, timeout: float) -> Msg:
         job = self.job(job_id)
@@ -595,8 +736,13 @@ class NodeAgent:
                 yield {"rank": rk, "offset": off, "data": data.decode(errors="replace")}
 
     def shutdown(self) -> None:
+        self._closed.set()
         with self._lock:
             jobs = list(self._jobs.values())
+            stores = list(self._stores.values())
+            self._stores.clear()
+        for st in stores:
+            st.stop()
         for j in jobs:
             if not j.state.terminal:
                 j.stop(NodeJobState.CANCELLED)

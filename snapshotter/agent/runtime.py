@@ -18,7 +18,7 @@ from typing import Any
 from snapshotter.agent.logs import LogPump
 from snapshotter.agent.rankctl import RankChannel
 from snapshotter.agent.storeserver import StoreServer
-from snapshotter.launch.env import RankPlacement
+from snapshotter.launch.env import RankPlacement, StoreAddress
 from snapshotter.launch.spec import JobSpec
 from snapshotter.sandbox.spawn import Sandbox
 
@@ -63,7 +63,10 @@ class RankRuntime:
 class NodeJob:
     spec: JobSpec
     node_rank: int
+    # The job's rendezvous store: hosted by node 0's agent (`store` is set there only); every
+    # node's ranks reach it at `store_address`.
     store: StoreServer | None
+    remote_store: StoreAddress | None = None
     ranks: list[RankRuntime] = field(default_factory=list)
     state: NodeJobState = NodeJobState.RUNNING
     started: float = field(default_factory=time.time)
@@ -152,6 +155,13 @@ class NodeJob:
                 self._cv.wait(left if left is not None else 1.0)
         return True
 
+    @property
+    def store_address(self) -> StoreAddress:
+        if self.store is not None:
+            return self.store.address
+        assert self.remote_store is not None, "a job has a store of its own or node 0's"
+        return self.remote_store
+
     def alive_ranks(self) -> list[RankRuntime]:
         return [r for r in self.ranks if r.exit_code is None]
 
@@ -160,6 +170,7 @@ class NodeJob:
             "job_id": self.spec.job_id,
             "node_rank": self.node_rank,
             "state": self.state.value,
+            "store": {"host": self.store_address.host, "port": self.store_address.port},
             "started": self.started,
             "ended": self.ended,
             "ranks": [

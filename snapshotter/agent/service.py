@@ -6,19 +6,36 @@ Only request decoding lives here; every decision and effect is in NodeAgent (nod
 from __future__ import annotations
 
 import os
+from collections.abc import Callable
 from typing import Any
 
+from snapshotter.agent.fencing import Fence
 from snapshotter.agent.node import NodeAgent
+from snapshotter.launch.env import StoreAddress
 from snapshotter.launch.spec import JobSpec
 
 Msg = dict[str, Any]
 
+# Calls that change what runs on the node: only the newest coordinator may make them.
+FENCED = frozenset({
+    "OpenStore", "CloseStore", "Launch", "Prepare", "Park", "Suspend", "Abort", "Dump",
+    "Resume", "DiscardUpload", "FinishFreeze", "Cancel", "DiscardFetch", "Restore", "Upload",
+    "Fetch", "KeepFreeze",
+})  # fmt: skip
 
-def agent_service(agent: NodeAgent) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The agent's gRPC surface: unary and streaming method tables."""
+
+def agent_service(
+    agent: NodeAgent, fence: Fence | None = None
+) -> tuple[dict[str, Any], dict[str, Any]]:
+    """The agent's gRPC surface: unary and streaming method tables. With a `fence`, calls in
+    FENCED must carry a fencing token no older than the newest seen (agent/fencing.py)."""
 
     def spec_of(req: Msg) -> JobSpec:
         return JobSpec.from_dict(req["spec"])
+
+    def store_of(req: Msg) -> StoreAddress | None:
+        s = req.get("store")
+        return None if not s else StoreAddress(host=str(s["host"]), port=int(s["port"]))
 
     unary = {
         "Ping": lambda req: {
@@ -26,7 +43,13 @@ def agent_service(agent: NodeAgent) -> tuple[dict[str, Any], dict[str, Any]]:
             "pid": os.getpid(),
             "host": agent.settings.host,
         },
-        "Launch": lambda req: agent.launch(spec_of(req), int(req.get("node_rank", 0))),
+        "OpenStore": lambda req: agent.open_store(
+            req["job_id"], req["python"], dict(req.get("env", {}))
+        ),
+        "CloseStore": lambda req: agent.close_store(req["job_id"]),
+        "Launch": lambda req: agent.launch(
+            spec_of(req), int(req.get("node_rank", 0)), store_of(req)
+        ),
         "Prepare": lambda req: agent.prepare(
             req["job_id"], req["freeze_id"], float(req["timeout"])
         ),
@@ -37,6 +60,7 @@ def agent_service(agent: NodeAgent) -> tuple[dict[str, Any], dict[str, Any]]:
             req["job_id"], req["freeze_id"], float(req["timeout"])
         ),
         "Abort": lambda req: agent.abort(req["job_id"], req["freeze_id"]),
+        "KeepFreeze": lambda req: agent.keep_freeze(req["job_id"], req["freeze_id"]),
         "Dump": lambda req: agent.dump(req["job_id"], req["freeze_id"]),
         "Resume": lambda req: agent.resume(req["job_id"], req["freeze_id"], float(req["timeout"])),
         "DiscardUpload": lambda req: agent.discard_upload(req["job_id"], req["freeze_id"]),
@@ -54,6 +78,8 @@ def agent_service(agent: NodeAgent) -> tuple[dict[str, Any], dict[str, Any]]:
             list(req["ranks"]),
             int(req.get("node_rank", 0)),
             float(req.get("timeout", 120)),
+            store_of(req),
+            req.get("epoch"),
         ),
     }
     streaming = {
@@ -63,4 +89,15 @@ def agent_service(agent: NodeAgent) -> tuple[dict[str, Any], dict[str, Any]]:
             req["job_id"], req.get("rank"), int(req.get("offset", 0)), bool(req.get("follow"))
         ),
     }
+    if fence is not None:
+        unary = {k: _fenced(fence, fn) if k in FENCED else fn for k, fn in unary.items()}
+        streaming = {k: _fenced(fence, fn) if k in FENCED else fn for k, fn in streaming.items()}
     return unary, streaming
+
+
+def _fenced(fence: Fence, fn: Callable[[Msg], Any]) -> Callable[[Msg], Any]:
+    def call(req: Msg) -> Any:
+        fence.check(req.get("fence"))
+        return fn(req)
+
+    return call

@@ -14,6 +14,7 @@ from pathlib import Path
 from typing import Any
 
 from snapshotter import errors
+from snapshotter.cli import gc as gc_cli
 from snapshotter.cli.connect import coordinator_client, stop_embedded
 from snapshotter.cli.output import Progress, emit_result, human_bytes, table
 from snapshotter.config import Paths, default_home
@@ -289,6 +290,26 @@ def cmd_down(a: argparse.Namespace) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- services
+def cmd_coordinator(a: argparse.Namespace) -> int:
+    from snapshotter import daemon
+
+    argv = ["coordinator", "--listen", a.listen, "--agent-ttl", str(a.agent_ttl)]
+    return daemon.main(argv + (["--store", a.store] if a.store else []))
+
+
+def cmd_agent(a: argparse.Namespace) -> int:
+    from snapshotter import daemon
+
+    argv = ["agent", "--listen", a.listen, "--coordinator", a.coordinator,
+            "--heartbeat", str(a.heartbeat), "--freeze-lease", str(a.freeze_lease)]  # fmt: skip
+    argv += ["--name", a.name] if a.name else []
+    argv += ["--store", a.store] if a.store else []
+    for kv in a.env:
+        argv += ["--env", kv]
+    return daemon.main(argv)
+
+
 # --------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
@@ -361,6 +382,24 @@ def build_parser() -> argparse.ArgumentParser:
     de.add_argument("snapshot")
     dn = add("down", cmd_down, "stop the embedded coordinator and agent")
     dn.add_argument("--force", action="store_true", help="also stop running jobs")
+    gc_cli.add_parser(sub).set_defaults(fn=lambda a: gc_cli.run(a, _client()))
+    co = add("coordinator", cmd_coordinator, "serve a coordinator (multi-node deployments)")
+    co.add_argument("--listen", default="0.0.0.0:7070", help="host:port to serve on")
+    co.add_argument("--store", default=None, help="snapshot store URL ($SNAPSHOTTER_STORE)")
+    co.add_argument("--agent-ttl", type=float, default=15.0,
+                    help="seconds without a heartbeat before a node is not placed on")
+    ag = add("agent", cmd_agent, "serve this node's agent (multi-node deployments)")
+    ag.add_argument("--listen", required=True,
+                    help="NODE_IP:PORT; ranks of this node use NODE_IP and its interface")
+    ag.add_argument("--coordinator", required=True, help="host:port of the coordinator")
+    ag.add_argument("--name", default=None, help="node name (default: the hostname)")
+    ag.add_argument("--store", default=None, help="snapshot store URL ($SNAPSHOTTER_STORE)")
+    ag.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
+                    help="network setting for this node's ranks (wins over the job's, also "
+                    "after a thaw onto this node)")
+    ag.add_argument("--heartbeat", type=float, default=2.0)
+    ag.add_argument("--freeze-lease", type=float, default=60.0,
+                    help="seconds without word from the coordinator before a freeze is undone")
     return p
 
 

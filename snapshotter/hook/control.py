@@ -35,7 +35,7 @@ import threading
 import time
 from typing import Any
 
-from snapshotter.hook.barrier import BarrierError, ParkPoint, QuiesceBarrier
+from snapshotter.hook.barrier import BarrierError, ParkPoint, QuiesceBarrier, State
 from snapshotter.hook.sockets import Owned, tcp_sockets
 
 DEFAULT_HOLD_S = 60.0
@@ -118,6 +118,11 @@ class Hook:
             self.barrier.abort("")
         except BarrierError:
             pass
+        if self.barrier.state is State.SUSPENDED:
+            # Communicators are down and only the agent could bring them back: a rank left
+            # like this would hang its job's other ranks and hold its memory forever.
+            warn("the node agent is gone while this rank was suspended for a freeze; exiting")
+            os._exit(75)
 
     def _handle_line(self, line: bytes) -> None:
         freeze = ""

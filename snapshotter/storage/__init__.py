@@ -11,7 +11,7 @@ reader       SnapshotReader: verify every chunk, then extract
 catalog      list_snapshots, delete_snapshot, find_orphans
 """
 
-from snapshotter.storage.api import ObjectMissing, ObjectStore
+from snapshotter.storage.api import ObjectInfo, ObjectMissing, ObjectStore
 from snapshotter.storage.catalog import delete_snapshot, find_orphans, list_snapshots
 from snapshotter.storage.format import ChunkInfo, Manifest, StreamInfo
 from snapshotter.storage.local import LocalDirStore
@@ -25,6 +25,7 @@ __all__ = [
     "ChunkInfo",
     "LocalDirStore",
     "Manifest",
+    "ObjectInfo",
     "ObjectMissing",
     "ObjectStore",
     "Progress",

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import abc
 from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
 
 
 class ObjectMissing(LookupError):
@@ -21,6 +22,17 @@ class ObjectMissing(LookupError):
         super().__init__(f"no object {key!r} in {where}")
         self.key = key
         self.where = where
+
+
+@dataclass(frozen=True)
+class ObjectInfo:
+    """One stored object as a listing sees it."""
+
+    key: str
+    size: int  # bytes
+    # Last write, seconds since the epoch, by the backend's clock (the S3 server's for S3):
+    # compare it with local time only with a margin far larger than clock skew.
+    mtime: float
 
 
 def check_key(key: str) -> str:
@@ -79,6 +91,17 @@ class ObjectStore(abc.ABC):
     def list_keys(self, prefix: str = "") -> Iterator[str]:
         """Yield every key that starts with `prefix` (a plain string prefix, as in S3), in no
         guaranteed order.
+
+        Raises:
+            StorageUnavailable: the backend could not be listed.
+        """
+
+    @abc.abstractmethod
+    def list_objects(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        """Like `list_keys`, with each object's size and last-write time (for gc, which must
+        tell an abandoned write from one still going on).
+
+        An object deleted while the listing runs may or may not be yielded.
 
         Raises:
             StorageUnavailable: the backend could not be listed.

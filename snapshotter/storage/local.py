@@ -16,7 +16,7 @@ from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 from snapshotter.errors import StorageUnavailable
-from snapshotter.storage.api import ObjectMissing, ObjectStore, check_key
+from snapshotter.storage.api import ObjectInfo, ObjectMissing, ObjectStore, check_key
 
 _TMP_PREFIX = ".tmp-"
 
@@ -91,6 +91,22 @@ class LocalDirStore(ObjectStore):
         return st.st_size if stat.S_ISREG(st.st_mode) else None
 
     def list_keys(self, prefix: str = "") -> Iterator[str]:
+        for key, _ in self._walk(prefix):
+            yield key
+
+    def list_objects(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        for key, path in self._walk(prefix):
+            try:
+                st = path.stat()
+            except FileNotFoundError:
+                continue  # deleted since the walk saw it
+            except OSError as e:
+                raise self._unavailable("stat", key, e) from e
+            if stat.S_ISREG(st.st_mode):
+                yield ObjectInfo(key, st.st_size, st.st_mtime)
+
+    def _walk(self, prefix: str) -> Iterator[tuple[str, Path]]:
+        """(key, path) of every object whose key starts with `prefix`."""
         # Walk only the deepest directory the prefix pins down, then filter by the rest.
         base = prefix.rsplit("/", 1)[0] if "/" in prefix else ""
         top = self.root / base if base else self.root
@@ -105,7 +121,7 @@ class LocalDirStore(ObjectStore):
                     continue
                 key = name if rel == "." else f"{rel}/{name}"
                 if key.startswith(prefix):
-                    yield key
+                    yield key, Path(dirpath, name)
 
     def list_dirs(self, prefix: str) -> Iterator[str]:
         if prefix and not prefix.endswith("/"):

@@ -25,7 +25,7 @@ import botocore.config
 import botocore.exceptions
 
 from snapshotter.errors import StorageUnavailable
-from snapshotter.storage.api import ObjectMissing, ObjectStore, check_key
+from snapshotter.storage.api import ObjectInfo, ObjectMissing, ObjectStore, check_key
 
 _DELETE_BATCH = 1000  # the S3 DeleteObjects limit
 _MISSING_KEY_CODES = {"NoSuchKey", "404", "NotFound"}
@@ -77,30 +77,13 @@ class S3Store(ObjectStore):
             raise ValueError("S3Store needs a bucket name")
         self.bucket = bucket
         self.prefix = prefix.strip("/")
-        endpoint_url = endpoint_url or _env_endpoint()
-        region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
-        session = boto3.session.Session(
-            aws_access_key_id=access_key_id,
-            aws_secret_access_key=secret_access_key,
-            region_name=region,
-        )
-        if session.region_name is None and endpoint_url:
-            region = "us-east-1"  # S3-compatible servers ignore it, but SigV4 needs one
-        style = addressing_style or ("path" if endpoint_url else None)
-        retries: Any = {
-            "max_attempts": tuning.max_attempts or int(os.environ.get("AWS_MAX_ATTEMPTS", 5)),
-            "mode": os.environ.get("AWS_RETRY_MODE", "standard"),
-        }
-        s3_opts: Any = {"addressing_style": style} if style else None
-        config = botocore.config.Config(
-            retries=retries,
-            connect_timeout=tuning.connect_timeout_s,
-            read_timeout=tuning.read_timeout_s,
-            max_pool_connections=tuning.max_pool_connections,
-            s3=s3_opts,
-        )
-        self._client: Any = session.client(
-            "s3", endpoint_url=endpoint_url, region_name=region or None, config=config
+        self._client: Any = s3_client(
+            endpoint_url=endpoint_url,
+            region=region,
+            access_key_id=access_key_id,
+            secret_access_key=secret_access_key,
+            addressing_style=addressing_style,
+            tuning=tuning,
         )
         self.endpoint_url: str = self._client.meta.endpoint_url
         self._bucket_checked = False
@@ -171,6 +154,15 @@ class S3Store(ObjectStore):
         for page in self._pages(full, delimiter=None):
             for obj in page.get("Contents", []):
                 yield self._rel(obj["Key"])
+
+    def list_objects(self, prefix: str = "") -> Iterator[ObjectInfo]:
+        full = f"{self.prefix}/{prefix}" if self.prefix else prefix
+        for page in self._pages(full, delimiter=None):
+            for obj in page.get("Contents", []):
+                # ListObjectsV2 carries size and time, so this costs no more than list_keys.
+                yield ObjectInfo(
+                    self._rel(obj["Key"]), int(obj["Size"]), obj["LastModified"].timestamp()
+                )
 
     def list_dirs(self, prefix: str) -> Iterator[str]:
         if prefix and not prefix.endswith("/"):
@@ -263,6 +255,45 @@ class S3Store(ObjectStore):
             f"check that the object store at {self.endpoint_url} is running and reachable from "
             "this node (AWS_ENDPOINT_URL_S3 / AWS_ENDPOINT_URL, firewall, DNS)",
         )
+
+
+def s3_client(
+    *,
+    endpoint_url: str | None = None,
+    region: str | None = None,
+    access_key_id: str | None = None,
+    secret_access_key: str | None = None,
+    addressing_style: str | None = None,
+    tuning: S3Tuning = S3Tuning(),
+) -> Any:
+    """A boto3 S3 client configured as `S3Store` uses it (arguments as there). Also for tools
+    that must talk to the same store the same way (benchmarks); constructing it does no I/O.
+    """
+    endpoint_url = endpoint_url or _env_endpoint()
+    region = region or os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+    session = boto3.session.Session(
+        aws_access_key_id=access_key_id,
+        aws_secret_access_key=secret_access_key,
+        region_name=region,
+    )
+    if session.region_name is None and endpoint_url:
+        region = "us-east-1"  # S3-compatible servers ignore it, but SigV4 needs one
+    style = addressing_style or ("path" if endpoint_url else None)
+    retries: Any = {
+        "max_attempts": tuning.max_attempts or int(os.environ.get("AWS_MAX_ATTEMPTS", 5)),
+        "mode": os.environ.get("AWS_RETRY_MODE", "standard"),
+    }
+    s3_opts: Any = {"addressing_style": style} if style else None
+    config = botocore.config.Config(
+        retries=retries,
+        connect_timeout=tuning.connect_timeout_s,
+        read_timeout=tuning.read_timeout_s,
+        max_pool_connections=tuning.max_pool_connections,
+        s3=s3_opts,
+    )
+    return session.client(
+        "s3", endpoint_url=endpoint_url, region_name=region or None, config=config
+    )
 
 
 def _env_endpoint() -> str | None:

