@@ -28,6 +28,8 @@ class AgentHandle:
     fence: tuple[int, str] | None = None
     # time.monotonic() of the agent's last registration heartbeat (None: never expires).
     seen: float | None = None
+    # Changes when the agent process restarts (its jobs are then gone or orphaned).
+    incarnation: str = ""
 
     def __post_init__(self) -> None:
         self.client = Client(self.address, AGENT_SERVICE)

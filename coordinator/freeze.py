@@ -48,6 +48,15 @@ def _first(failures: dict[str, BaseException]) -> BaseException:
     return next(iter(failures.values()))
 
 
+def lost_text(silent: list[str], ended: list[str]) -> str:
+    parts = []
+    if silent:
+        parts.append(f"node(s) {', '.join(silent)} do not answer")
+    if ended:
+        parts.append(f"the ranks on node(s) {', '.join(ended)} ended")
+    return "; ".join(parts)
+
+
 class FreezeOperation:
     def __init__(
         self,
@@ -84,8 +93,8 @@ class FreezeOperation:
             lost = self._recover(e)
             if lost:
                 raise errors.FreezeFailed(
-                    f"{e.cause if isinstance(e, errors.SnapshotterError) else e}; node(s) "
-                    f"{', '.join(lost)} are gone, so the job was stopped on the others",
+                    f"{e.cause if isinstance(e, errors.SnapshotterError) else e}; the job "
+                    f"cannot go on ({lost}), so it was stopped on every node",
                     "thaw its latest snapshot (`snapshotter list --job "
                     f"{self.spec.job_id}`) onto healthy nodes with --nodes",
                 ) from e
@@ -236,31 +245,32 @@ class FreezeOperation:
                 "the job is likely stuck; cancel it and thaw the last snapshot",
             ) from _first(fail)
 
-    def _recover(self, cause: BaseException) -> list[str]:
+    def _recover(self, cause: BaseException) -> str:
         """Put the job back as it was: unpark, or resume after a suspend; drop partial data.
         When a node is gone (its agent does not answer, or its ranks died) the job cannot go
         on: it is stopped everywhere, and the nodes lost are returned."""
         log.warning(
             "freeze %s of %s failed: %s; recovering", self.freeze_id, self.spec.job_id, cause
         )
-        lost = self._lost_nodes()
-        if lost:
+        silent, ended = self._lost_nodes()
+        if silent or ended:
             if self._uploaded:
                 on_all(self.agents, lambda a: a.call("DiscardUpload", self._req(), timeout=30))
             on_all(
-                [a for a in self.agents if a.name not in lost],
+                [a for a in self.agents if a.name not in silent],
                 lambda a: a.call("Cancel", {"job_id": self.spec.job_id}, timeout=60),
             )
-            return lost
+            return lost_text(silent, ended)
         self._restore_job()
-        return []
+        return ""
 
-    def _lost_nodes(self) -> list[str]:
+    def _lost_nodes(self) -> tuple[list[str], list[str]]:
+        """Nodes whose agent does not answer, and nodes whose ranks have ended."""
         res, fail = on_all(
             self.agents, lambda a: a.call("Status", {"job_id": self.spec.job_id}, timeout=10)
         )
-        dead = [n for n, st in res.items() if st["state"] in ("FAILED", "CANCELLED")]
-        return sorted([*fail, *dead])
+        ended = [n for n, st in res.items() if st["state"] in ("FAILED", "CANCELLED")]
+        return sorted(fail), sorted(ended)
 
     def _restore_job(self) -> None:
         if self._uploaded:

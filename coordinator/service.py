@@ -63,15 +63,21 @@ class Coordinator:
         self._lock = threading.Lock()
 
     # ----------------------------------------------------------------- agents
-    def register_agent(self, name: str, address: str, host: str, heartbeat: bool = False) -> Msg:
-        """An agent announces itself (at start, then as a heartbeat). A new or moved agent is
-        asked for its jobs, so a restarted coordinator re-learns what runs where."""
+    def register_agent(
+        self, name: str, address: str, host: str, heartbeat: bool = False, incarnation: str = ""
+    ) -> Msg:
+        """An agent announces itself (at start, then as a heartbeat). A new, moved or restarted
+        agent gets a new handle (a fresh connection) and is asked for its jobs, so a restarted
+        coordinator re-learns what runs where."""
         seen = time.monotonic() if heartbeat else None
         with self._lock:
             old = self._agents.get(name)
-            fresh = old is None or old.address != address
+            fresh = old is None or old.address != address or old.incarnation != incarnation
             if fresh:
-                handle = AgentHandle(name=name, address=address, host=host, fence=self.token)
+                handle = AgentHandle(
+                    name=name, address=address, host=host, fence=self.token,
+                    incarnation=incarnation,
+                )  # fmt: skip
                 self._agents[name] = handle
             else:
                 handle = old  # type: ignore[assignment]
@@ -416,11 +422,12 @@ class Coordinator:
     def ping(self) -> Msg:
         now = time.monotonic()
         with self._lock:
-            agents = sorted(n for n, a in self._agents.items() if self._live(a, now))
+            live = {n: a.incarnation for n, a in self._agents.items() if self._live(a, now)}
         return {
             "pid": os.getpid(),
             "store": self.store_url,
-            "agents": agents,
+            "agents": sorted(live),
+            "incarnations": live,
             "fence": list(self.token) if self.token else None,
         }
 
@@ -443,8 +450,9 @@ def coordinator_service(c: Coordinator) -> tuple[dict[str, Any], dict[str, Any]]
     unary = {
         "Ping": lambda req: c.ping(),
         "RegisterAgent": lambda req: c.register_agent(
-            req["name"], req["address"], req["host"], bool(req.get("heartbeat"))
-        ),
+            req["name"], req["address"], req["host"], bool(req.get("heartbeat")),
+            str(req.get("incarnation", "")),
+        ),  # fmt: skip
         "Run": c.run,
         "Status": lambda req: c.status(req["job_id"]),
         "Jobs": lambda req: c.jobs(),

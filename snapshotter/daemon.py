@@ -157,12 +157,13 @@ def serve_agent(
         freeze_lease_s=freeze_lease_s,
     )
     agent = NodeAgent(settings, open_store(url))
-    fence = Fence()
+    fence = Fence(on_newer=agent.expire_freezes)
     server = Server(listen)
     server.add_service(AGENT_SERVICE, *agent_service(agent, fence))
     server.start()
     coord = Client(coordinator, COORDINATOR_SERVICE)
     stop = threading.Event()
+    incarnation = agent.incarnation
 
     def heartbeat() -> None:
         down_since: float | None = None
@@ -170,7 +171,8 @@ def serve_agent(
             try:
                 reply = coord.call(
                     "RegisterAgent",
-                    {"name": name, "address": server.address, "host": host, "heartbeat": True},
+                    {"name": name, "address": server.address, "host": host, "heartbeat": True,
+                     "incarnation": incarnation},  # fmt: skip
                     timeout=10,
                 )
                 if down_since is not None:

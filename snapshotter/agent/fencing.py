@@ -11,7 +11,7 @@ the same epoch are ordered by id: exactly one of them wins on every node it reac
 from __future__ import annotations
 
 import threading
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from snapshotter import errors
 
@@ -34,9 +34,13 @@ def admits(highest: Token | None, token: Token | None) -> bool:
 
 
 class Fence:
-    def __init__(self) -> None:
+    """`on_newer` runs (outside the lock) whenever a newer coordinator shows up: what older
+    ones left half-done can be undone at once instead of waiting for its lease."""
+
+    def __init__(self, on_newer: Callable[[], None] | None = None) -> None:
         self._highest: Token | None = None
         self._lock = threading.Lock()
+        self._on_newer = on_newer
 
     @property
     def highest(self) -> Token | None:
@@ -53,5 +57,9 @@ class Fence:
                     f"{token if token is not None else 'an unfenced caller'} was refused",
                     "a newer coordinator has taken over: send requests to it",
                 )
-            if token is not None and (self._highest is None or token > self._highest):
+            newer = token is not None and (self._highest is None or token > self._highest)
+            replaced = newer and self._highest is not None
+            if newer:
                 self._highest = token
+        if replaced and self._on_newer is not None:
+            self._on_newer()

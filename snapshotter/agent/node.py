@@ -23,6 +23,7 @@ from typing import Any
 
 from snapshotter import errors
 from snapshotter.agent.logs import LogPump, follow_file
+from snapshotter.agent.orphans import reap_orphans, record
 from snapshotter.agent.rankctl import RankChannel
 from snapshotter.agent.runtime import NodeJob, NodeJobState, RankRuntime
 from snapshotter.agent.storeserver import StoreServer
@@ -63,6 +64,7 @@ class _Freeze:
     in_flight: int = 0
     suspended: bool = False
     resumed: bool = False
+    expired: bool = False  # its coordinator was replaced by a newer one
 
 
 @dataclass(frozen=True)
@@ -100,7 +102,10 @@ class NodeAgent:
         self._gpu_stage: GpuStage | None = None
         self._gpu_checked = False
         self._closed = threading.Event()
+        self.incarnation = uuid.uuid4().hex[:12]
         become_subreaper()
+        self._sandboxes = self.paths.home / "sandboxes"
+        reap_orphans(self._sandboxes)
         if settings.freeze_lease_s > 0:
             threading.Thread(target=self._watch_leases, daemon=True, name="leases").start()
 
@@ -151,6 +156,7 @@ class NodeAgent:
     def _new_rank(
         self, p: RankPlacement, sandbox: Sandbox, job_id: str, init_cwd: str
     ) -> RankRuntime:
+        record(self._sandboxes, sandbox.pid)
         io = sandbox.io
         return RankRuntime(
             placement=p,
@@ -435,6 +441,19 @@ class NodeAgent:
                     ev_lock.notify_all()
 
         threading.Thread(target=work, daemon=True, name=f"upload-{freeze_id}").start()
+        try:
+            yield from self._upload_events(fr, events, ev_lock, result)
+        except GeneratorExit:
+            # The coordinator went away mid-upload (the stream was dropped): no commit can
+            # include this node's chunks now, so stop writing and delete them.
+            if "done" not in result and fr.writer is not None:
+                log.warning("upload of freeze %s abandoned by the coordinator", freeze_id)
+                fr.writer.abort()
+            raise
+
+    def _upload_events(
+        self, fr: _Freeze, events: list[Msg], ev_lock: threading.Condition, result: dict[str, Any]
+    ) -> Iterator[Msg]:
         sent = 0
         while True:
             with ev_lock:
@@ -482,6 +501,13 @@ class NodeAgent:
                 fr.touched = time.monotonic()
         return {"known": fr is not None}
 
+    def expire_freezes(self) -> None:
+        """A newer coordinator took over: freezes of the old one end now (the watchdog puts
+        their ranks back as soon as no call of theirs is in flight)."""
+        with self._lock:
+            for fr in self._freezes.values():
+                fr.expired = True
+
     @contextlib.contextmanager
     def _driving(self, freeze_id: str, must_exist: bool = True) -> Iterator[Any]:
         """A coordinator call on a freeze: the lease does not run out while it is in flight."""
@@ -502,18 +528,20 @@ class NodeAgent:
 
     def _watch_leases(self) -> None:
         lease = self.settings.freeze_lease_s
-        while not self._closed.wait(min(1.0, lease / 4)):
+        while not self._closed.wait(min(0.5, lease / 4)):
             now = time.monotonic()
             with self._lock:
                 expired = [
                     f for f in self._freezes.values()
-                    if f.in_flight == 0 and now - f.touched > lease
+                    if f.in_flight == 0 and (f.expired or now - f.touched > lease)
                 ]  # fmt: skip
             for fr in expired:
                 try:
                     self._abandon(fr)
                 except Exception:  # noqa: BLE001 - the watchdog must keep running
                     log.exception("recovering abandoned freeze %s failed", fr.freeze_id)
+                    with self._lock:
+                        self._freezes.pop(fr.freeze_id, None)  # once: never retried
 
     def _abandon(self, fr: _Freeze) -> None:
         """The coordinator stopped driving this freeze: put the ranks back as they were.
@@ -525,6 +553,10 @@ class NodeAgent:
             "resuming the ranks" if fr.suspended and not fr.resumed else "releasing the ranks",
         )  # fmt: skip
         job = self.job(fr.job_id)
+        if job.state.terminal or len(job.alive_ranks()) != len(job.ranks):
+            job.stop(NodeJobState.FAILED)  # nothing left to put back
+            self._end_freeze(job, fr.freeze_id)
+            return
         if fr.suspended and not fr.resumed:
             self._gpu_release(fr.freeze_id)
             # Every node's agent recovers the same way, so all ranks meet under one epoch.

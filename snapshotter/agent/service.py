@@ -42,6 +42,7 @@ def agent_service(
             "node": agent.settings.name,
             "pid": os.getpid(),
             "host": agent.settings.host,
+            "incarnation": agent.incarnation,
         },
         "OpenStore": lambda req: agent.open_store(
             req["job_id"], req["python"], dict(req.get("env", {}))

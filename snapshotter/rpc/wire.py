@@ -30,6 +30,14 @@ _OPTIONS = [
     ("grpc.max_send_message_length", _MAX_MSG),
     ("grpc.max_receive_message_length", _MAX_MSG),
 ]
+# A client channel backs off after failed connects (up to 2 minutes by default): an agent
+# restarted on the same address must be reachable again within seconds.
+_CLIENT_OPTIONS = [
+    *_OPTIONS,
+    ("grpc.initial_reconnect_backoff_ms", 200),
+    ("grpc.min_reconnect_backoff_ms", 200),
+    ("grpc.max_reconnect_backoff_ms", 2000),
+]
 
 
 def _dumps(obj: Msg) -> bytes:
@@ -160,7 +168,7 @@ class Client:
     def __init__(self, target: str, service: str) -> None:
         self.target = target
         self.service = service
-        self._channel = grpc.insecure_channel(target, options=_OPTIONS)
+        self._channel = grpc.insecure_channel(target, options=_CLIENT_OPTIONS)
 
     def call(self, method: str, req: Msg | None = None, timeout: float | None = 30.0) -> Msg:
         fn = self._channel.unary_unary(

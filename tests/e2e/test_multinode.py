@@ -7,13 +7,14 @@ to an uninterrupted 2x2 run; every node's upload must run at the same time as th
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
 from tests.conftest import skip_without_criu
-from tests.support.multinode import Deployment, read_json
+from tests.support.multinode import Deployment, Op, rank_sandbox_pids, read_json
 from tests.support.netns import Cluster, netns_unavailable
 from tests.support.seaweed import SeaweedServer, weed_binary
 
@@ -105,3 +106,57 @@ def test_freeze_stop_then_thaw_onto_other_nodes_is_bit_identical(
     assert steps == list(range(1, STEPS + 1)), steps[-20:]
     c_log = deployment.home("c") / "jobs" / job / "logs" / "rank-3.log"
     assert c_log.exists() and "step" in c_log.read_text()
+
+
+def test_s3_down_during_upload_then_back(deployment: Deployment, tmp_path: Path) -> None:
+    cli = deployment.cli
+    server: SeaweedServer = deployment.server  # type: ignore[attr-defined]
+    job = cli.start_job(tmp_path / "out.json", "--steps", "100000", "--step-sleep", "0.05",
+                        nodes="a,b")  # fmt: skip
+    try:
+        cli.wait_step(job, 20)
+        op = Op(deployment, "freeze", job)
+        op.wait_phase("upload")
+        server.crash()
+        try:
+            code, res = op.result(timeout=300)
+        finally:
+            server.revive()
+        # The freeze failed on the store and says so; the job never stopped training.
+        assert code == 8 and res["error"]["code"] == "storage_unavailable", res
+        assert cli.json("status", job)["state"] == "RUNNING"
+        at = cli.last_step(job)
+        cli.wait_step(job, at + 5, timeout=120)
+        assert cli.json("list", "--job", job)["snapshots"] == []
+        # With the server back, a freeze succeeds, and gc removes what the failed one left.
+        snap = cli.json("freeze", job)["snapshot_id"]
+        assert [s["snapshot_id"] for s in cli.json("list", "--job", job)["snapshots"]] == [snap]
+        cli.json("gc", "--delete", "--min-age", "0")
+        assert cli.json("gc", "--min-age", "0")["orphans"] == []
+        assert cli.json("show", snap)["ranks"] == 4
+    finally:
+        cli.run("cancel", job, check=False)
+
+
+def test_thaw_of_an_altered_snapshot_starts_nothing(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    cli = deployment.cli
+    server: SeaweedServer = deployment.server  # type: ignore[attr-defined]
+    job = cli.start_job(tmp_path / "out.json", *ARGS, nodes="a,b")
+    cli.wait_step(job, 10)
+    snap = cli.json("freeze", job, "--stop")["snapshot_id"]
+    keys = [k for k in server.keys(f"mn/snapshots/{snap}/") if not k.endswith("manifest.json")]
+    s3 = server.client()
+    victim = sorted(keys)[len(keys) // 2]  # a chunk of some rank: one node's fetch fails
+    body = s3.get_object(Bucket=server.bucket, Key=victim)["Body"].read()
+    s3.put_object(Bucket=server.bucket, Key=victim, Body=body[:-1] + bytes([body[-1] ^ 1]))
+    p = cli.run("thaw", snap, "--nodes", "a,c", "--job-id", "altered", "--json", check=False)
+    assert p.returncode == 7, p.stdout + p.stderr
+    assert json.loads(p.stdout.strip().splitlines()[-1])["error"]["code"] == "snapshot_corrupt"
+    assert "altered" not in {j["job_id"] for j in cli.json("jobs")["jobs"]}
+    # No process was started on any node, and the snapshot is still listed for inspection.
+    sandboxes = rank_sandbox_pids(deployment.cluster)
+    assert sandboxes == []
+    assert snap in [s["snapshot_id"] for s in cli.json("list")["snapshots"]]
+    cli.run("delete", snap)

@@ -20,13 +20,14 @@ import re
 import signal
 import subprocess
 import sys
+import threading
 import time
 from pathlib import Path
 from typing import Any
 
 from snapshotter.rpc.wire import Client
 from tests.support.cli import TRAIN, SnapCli
-from tests.support.netns import Cluster
+from tests.support.netns import Cluster, _pids_in_netns
 
 ROOT = Path(__file__).resolve().parents[2]
 COORD_PORT = 7070
@@ -132,6 +133,25 @@ class Deployment:
             env=self._env(self.home(name)), stdout=log, stderr=log, cwd=ROOT,
         )  # fmt: skip
         log.close()
+        agent = Client(f"{node.ip}:{AGENT_PORT}", "snapshotter.Agent")
+
+        seen: dict[str, str] = {}
+
+        def answers() -> bool:
+            try:
+                seen["incarnation"] = agent.call("Ping", timeout=3)["incarnation"]
+                return True
+            except Exception:  # noqa: BLE001 - not up yet
+                return False
+
+        self._wait(answers, f"agent {name} to answer", self.agents[name])
+
+        def registered() -> bool:  # this incarnation, not a predecessor at the same address
+            info = self.ping()
+            return info is not None and info["incarnations"].get(name) == seen["incarnation"]
+
+        if self.coord_proc is not None and self.coord_proc.poll() is None:
+            self._wait(registered, f"agent {name} to register", self.agents[name])
 
     def start(self, agents: list[str]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
@@ -191,6 +211,61 @@ class Deployment:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+
+
+class Op:
+    """A CLI operation running in the background; `wait_phase` returns once it reached one."""
+
+    def __init__(self, dep: Deployment, *args: str) -> None:
+        self.proc = subprocess.Popen(
+            [sys.executable, "-m", "snapshotter", *args, "--json"],
+            env=dep.cli.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        self.events: list[dict[str, Any]] = []
+        self.stderr: list[str] = []
+        self._cv = threading.Condition()
+        threading.Thread(target=self._read, daemon=True).start()
+
+    def _read(self) -> None:
+        assert self.proc.stderr is not None
+        for line in self.proc.stderr:
+            with self._cv:
+                self.stderr.append(line)
+                try:
+                    ev = json.loads(line)
+                    if isinstance(ev, dict):
+                        self.events.append(ev)
+                except ValueError:
+                    pass
+                self._cv.notify_all()
+
+    def wait_phase(self, phase: str, timeout: float = 120) -> None:
+        def seen() -> bool:
+            return any(e.get("phase") == phase for e in self.events)
+
+        with self._cv:
+            if not self._cv.wait_for(seen, timeout):
+                raise AssertionError(f"phase {phase} not reached: {''.join(self.stderr)}")
+
+    def result(self, timeout: float = 240) -> tuple[int, dict[str, Any]]:
+        """Exit code and the last JSON line of stdout (the result or the error)."""
+        out, _ = self.proc.communicate(timeout=timeout)
+        lines = out.strip().splitlines()
+        return self.proc.returncode, json.loads(lines[-1]) if lines else {}
+
+
+def rank_sandbox_pids(cluster: Cluster) -> list[int]:
+    """Rank sandboxes (their snapinit) alive in any node, known to an agent or not."""
+    out = []
+    for node in cluster:
+        for pid in _pids_in_netns(node.netns_path):
+            try:
+                argv0 = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[0]
+            except OSError:
+                continue  # gone meanwhile
+            if argv0.endswith(b"snapinit"):
+                out.append(pid)
+    return out
 
 
 def read_json(path: Path) -> dict[str, Any]:
