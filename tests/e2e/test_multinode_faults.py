@@ -22,10 +22,9 @@ from typing import Any
 import pytest
 
 from snapshotter.rpc.wire import Client
-from tests.conftest import skip_without_criu
 from tests.support.cli import ROOT
-from tests.support.multinode import Deployment, Op, rank_sandbox_pids
-from tests.support.netns import Cluster, netns_unavailable
+from tests.support.multinode import Deployment, Op, rank_sandbox_pids, skip_without_nodes
+from tests.support.netns import Cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -38,10 +37,7 @@ TERMINAL = {"FROZEN", "SUCCEEDED", "FAILED", "CANCELLED"}
 
 @pytest.fixture(scope="module")
 def dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    skip_without_criu()
-    why = netns_unavailable()
-    if why:
-        pytest.skip(why)
+    skip_without_nodes()
     root = tmp_path_factory.mktemp("faults")
     with Cluster(["ctl", "a", "b", "c"]) as cluster:
         d = Deployment(cluster, root, f"file://{root / 'store'}", freeze_lease_s=LEASE_S)

@@ -27,7 +27,7 @@ from typing import Any
 
 from snapshotter.rpc.wire import Client
 from tests.support.cli import TRAIN, SnapCli
-from tests.support.netns import Cluster, _pids_in_netns
+from tests.support.netns import Cluster, _pids_in_netns, netns_unavailable
 
 ROOT = Path(__file__).resolve().parents[2]
 COORD_PORT = 7070
@@ -56,26 +56,24 @@ class MultiCli(SnapCli):
         p = self.run(*args, str(TRAIN), "--out", str(out), *train_args)
         return p.stdout.strip().splitlines()[-1]
 
-    def log_path(self, job: str, rank: int = 0) -> Path:
-        """The newest log of this rank on any node (a thaw moves ranks to other nodes)."""
+    def _logs(self, job: str, rank: int) -> list[Path]:
+        """This rank's log on every node it ran on, oldest first."""
         found = [
             p
             for name in self.dep.agents
             if (p := self.dep.home(name) / "jobs" / job / "logs" / f"rank-{rank}.log").exists()
         ]
-        if not found:
-            return self.dep.home(next(iter(self.dep.agents))) / "missing.log"
-        return max(found, key=lambda p: p.stat().st_mtime)
+        return sorted(found, key=lambda p: p.stat().st_mtime)
+
+    def log_path(self, job: str, rank: int = 0) -> Path:
+        """The newest log of this rank on any node (a thaw moves ranks to other nodes)."""
+        logs = self._logs(job, rank)
+        return logs[-1] if logs else self.dep.home(next(iter(self.dep.agents))) / "missing.log"
 
     def steps(self, job: str, rank: int = 0) -> list[int]:
         """Every step the rank logged, on every node it ran on, in order."""
         out: list[int] = []
-        logs = [
-            p
-            for name in self.dep.agents
-            if (p := self.dep.home(name) / "jobs" / job / "logs" / f"rank-{rank}.log").exists()
-        ]
-        for p in sorted(logs, key=lambda p: p.stat().st_mtime):
+        for p in self._logs(job, rank):
             out += [int(s) for s in re.findall(rf"rank {rank} step (\d+) ", p.read_text())]
         return out
 
@@ -252,6 +250,18 @@ class Op:
         out, _ = self.proc.communicate(timeout=timeout)
         lines = out.strip().splitlines()
         return self.proc.returncode, json.loads(lines[-1]) if lines else {}
+
+
+def skip_without_nodes() -> None:
+    """Skip unless this machine can run CRIU and make network-namespace nodes."""
+    import pytest
+
+    from tests.conftest import skip_without_criu
+
+    skip_without_criu()
+    why = netns_unavailable()
+    if why:
+        pytest.skip(why)
 
 
 def rank_sandbox_pids(cluster: Cluster) -> list[int]:
