@@ -46,6 +46,10 @@ class AgentHandle:
     def stream(self, method: str, req: Msg | None = None) -> Iterator[Msg]:
         return self.client.stream(method, self._with_fence(req))
 
+    def close(self) -> None:
+        """Close the channel (the agent was replaced or forgotten; calls on it fail)."""
+        self.client.close()
+
 
 def open_store_req(spec: JobSpec) -> Msg:
     """OpenStore on node 0's agent: the job's rendezvous store, started with its Python."""

@@ -21,13 +21,17 @@ from coordinator.freeze import FreezeOperation, FreezeSettings
 from coordinator.gc import DEFAULT_MIN_AGE_S, gc_report
 from coordinator.thaw import ThawOperation
 from snapshotter import errors
+from snapshotter.agent.retention import jobs_to_forget
 from snapshotter.launch.spec import JobSpec, new_job_id, validate_job_id
+from snapshotter.procutil import resources
+from snapshotter.rpc.wire import caller_active
 from snapshotter.storage.api import ObjectStore
 from snapshotter.storage.transfer import SnapshotReader, delete_snapshot, list_snapshots
 
 log = logging.getLogger(__name__)
 Msg = dict[str, Any]
 COORDINATOR_SERVICE = "snapshotter.Coordinator"
+WEEK_S = 7 * 24 * 3600.0
 
 
 @dataclass
@@ -38,6 +42,8 @@ class JobRecord:
     snapshots: list[str] = field(default_factory=list)
     thawed_from: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Wall time the job was first seen finished (None while it is not).
+    ended: float | None = None
 
 
 class Coordinator:
@@ -51,11 +57,13 @@ class Coordinator:
         store_url: str,
         token: tuple[int, str] | None = None,
         agent_ttl: float = 15.0,
+        keep_finished_jobs: int = 100,
     ) -> None:
         self.store = store
         self.store_url = store_url
         self.token = token
         self.agent_ttl = agent_ttl
+        self.keep_finished_jobs = keep_finished_jobs
         self._agents: dict[str, AgentHandle] = {}
         self._jobs: dict[str, JobRecord] = {}
         # Snapshots this coordinator's freezes are writing now: never garbage to gc.
@@ -73,6 +81,7 @@ class Coordinator:
         with self._lock:
             old = self._agents.get(name)
             fresh = old is None or old.address != address or old.incarnation != incarnation
+            replaced = old if fresh else None
             if old is None or fresh:
                 old = AgentHandle(
                     name=name, address=address, host=host, fence=self.token,
@@ -81,6 +90,8 @@ class Coordinator:
                 self._agents[name] = old
             handle = old
             handle.seen = seen
+        if replaced is not None:
+            replaced.close()  # one channel per agent: the old incarnation's is dead
         if fresh:
             try:
                 self._learn(handle)
@@ -192,24 +203,41 @@ class Coordinator:
                 ),
             )
             if fail:
-                on_all(
-                    [a for a in agents if a.name in res],
-                    lambda a: a.call("Cancel", {"job_id": job_id}),
-                )
                 raise next(iter(fail.values()))
+            if not caller_active():
+                raise errors.ServiceUnavailable(
+                    f"the caller gave up on the launch of job {job_id} (its deadline passed)",
+                    "the job was stopped; launch it again",
+                )
         except BaseException:
+            # Every node, also one whose Launch failed or timed out: a launch still running
+            # there is cancelled half-way and ends what it started.
+            on_all(agents, lambda a: a.call("Cancel", {"job_id": job_id}, timeout=60))
             on_all(agents[:1], lambda a: a.call("CloseStore", {"job_id": job_id}))
             with self._lock:
                 self._jobs.pop(job_id, None)
             raise
         finally:
             rec.busy = None
+        self._forget_finished()
         return self.status(job_id)
+
+    def _forget_finished(self) -> None:
+        """Keep the newest `keep_finished_jobs` finished jobs (and none older than a week):
+        a coordinator that runs for weeks must not grow with the jobs it has seen."""
+        with self._lock:
+            finished = {j: r.ended for j, r in self._jobs.items() if r.ended is not None}
+            for j in jobs_to_forget(finished, time.time(), self.keep_finished_jobs, WEEK_S):
+                if self._jobs[j].busy is None:
+                    self._jobs.pop(j, None)
 
     def _phase(self, rec: JobRecord, views: list[Msg] | None = None) -> JobPhase:
         if views is None:
             views = self._node_views(rec)
-        return job_phase(rec.busy, [v["state"] for v in views])
+        phase = job_phase(rec.busy, [v["state"] for v in views])
+        # When it was first seen finished (a thaw under the same id makes it live again).
+        rec.ended = (rec.ended or time.time()) if phase.terminal else None
+        return phase
 
     def _node_views(self, rec: JobRecord) -> list[Msg]:
         if rec.busy == "THAWING":
@@ -430,7 +458,30 @@ class Coordinator:
             "agents": sorted(live),
             "incarnations": live,
             "fence": list(self.token) if self.token else None,
+            "resources": resources().to_dict(),
         }
+
+    def nodes(self) -> Msg:
+        """Every registered agent as it answers now: address, incarnation, last heartbeat,
+        its resources (what must not grow with the jobs it ran) and its jobs."""
+        now = time.monotonic()
+        with self._lock:
+            agents = sorted(self._agents.values(), key=lambda a: a.name)
+        res, fail = on_all(agents, lambda a: a.call("Ping", timeout=5))
+        out = []
+        for a in agents:
+            row: Msg = {
+                "name": a.name,
+                "address": a.address,
+                "live": self._live(a, now),
+                "heartbeat_age_s": None if a.seen is None else now - a.seen,
+            }
+            if a.name in res:
+                row.update({k: v for k, v in res[a.name].items() if k != "node"})
+            else:
+                row["error"] = str(fail[a.name])
+            out.append(row)
+        return {"nodes": out}
 
 
 def _summary(sid: str, m: Any) -> Msg:
@@ -450,6 +501,7 @@ def _summary(sid: str, m: Any) -> Msg:
 def coordinator_service(c: Coordinator) -> tuple[dict[str, Any], dict[str, Any]]:
     unary = {
         "Ping": lambda req: c.ping(),
+        "Nodes": lambda req: c.nodes(),
         "RegisterAgent": lambda req: c.register_agent(
             req["name"], req["address"], req["host"], bool(req.get("heartbeat")),
             str(req.get("incarnation", "")),

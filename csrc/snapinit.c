@@ -14,8 +14,11 @@
  * one machine each get their own sockets instead of stealing each other's paths.
  *
  * The outer process optionally enters the network namespace PATH (setns, nothing else),
- * moves fd SRC to DST for each --fd, unshares a PID namespace and forks its pid 1 (the init),
- * writes the init's host pid ("1234\n") to fd N and exits at once. The init is re-parented to
+ * moves fd SRC to DST for each --fd, closes every other fd above 2 (close_range: the caller's
+ * fd numbers may be anything, and none of its descriptors may reach the rank), unshares a PID
+ * namespace and forks its pid 1 (the init), writes the init's host pid ("1234\n") to fd N,
+ * lets the init go on and exits at once. The init waits for that word before anything else:
+ * if the pid never reaches the caller, it exits and no rank runs. The init is re-parented to
  * the caller (a child subreaper), so the tree at launch, caller -> init -> rank, is the tree
  * CRIU restores.
  *
@@ -35,12 +38,17 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <dirent.h>
 #include <sys/mount.h>
+#include <sys/syscall.h>
 #include <sys/wait.h>
 #include <unistd.h>
 
 #define MAX_FDS 16
 #define HIGH_FD 64 /* scratch fds live at >= HIGH_FD; targets must be below it */
+#ifndef SYS_close_range
+#define SYS_close_range 436 /* the same number on every architecture */
+#endif
 
 static const int fwd_sigs[] = {SIGTERM, SIGINT, SIGHUP, SIGUSR1, SIGUSR2, SIGQUIT};
 
@@ -57,14 +65,49 @@ static void usage(void)
 	_exit(2);
 }
 
-static int close_above(int lo, int hi) /* close fds in [lo, hi) */
+/*
+ * Close every fd in [lo, hi] (hi may be ~0U: all of them). close_range(2) where the kernel has
+ * it (5.9+); otherwise the fds /proc/self/fd lists. Never a loop up to a guessed maximum: the
+ * agent's own fd numbers grow past any fixed bound, and whatever it passed us by mistake must
+ * not reach the rank.
+ */
+static void close_fds(unsigned int lo, unsigned int hi)
 {
-	for (int fd = lo; fd < hi; fd++)
-		close(fd);
-	return 0;
+	DIR *d;
+	struct dirent *e;
+
+	if (lo > hi)
+		return;
+	if (syscall(SYS_close_range, lo, hi, 0) == 0)
+		return;
+	d = opendir("/proc/self/fd");
+	if (!d)
+		die("close_range and /proc/self/fd both unavailable");
+	while ((e = readdir(d)) != NULL) {
+		char *end;
+		long fd = strtol(e->d_name, &end, 10);
+
+		if (*end || end == e->d_name || fd == dirfd(d))
+			continue;
+		if ((unsigned long)fd >= lo && (unsigned long)fd <= hi)
+			close((int)fd);
+	}
+	closedir(d);
 }
 
-static int run_init(char **argv, const char *init_cwd, const sigset_t *set, int max_dst)
+/* Close every fd >= lo except `keep` (-1: none). */
+static void close_all_from(int lo, int keep)
+{
+	if (keep < lo) {
+		close_fds((unsigned int)lo, ~0U);
+		return;
+	}
+	if (keep > lo)
+		close_fds((unsigned int)lo, (unsigned int)keep - 1);
+	close_fds((unsigned int)keep + 1, ~0U);
+}
+
+static int run_init(char **argv, const char *init_cwd, const sigset_t *set)
 {
 	int status, rank_status = 0, rank_done = 0;
 	siginfo_t si;
@@ -86,7 +129,7 @@ static int run_init(char **argv, const char *init_cwd, const sigset_t *set, int 
 	if (init_cwd && chdir(init_cwd) < 0)
 		fprintf(stderr, "snapinit: chdir %s: %s\n", init_cwd, strerror(errno));
 	/* The rank's control pipes belong to the rank; holding them would hide its EOFs. */
-	close_above(3, max_dst + 1);
+	close_all_from(3, -1);
 
 	while (!rank_done) {
 		if (sigwaitinfo(set, &si) < 0) {
@@ -154,6 +197,7 @@ int main(int argc, char **argv)
 	int mounted = 0;
 	sigset_t set;
 	char buf[32];
+	int go[2];
 	pid_t init;
 
 	for (i = 1; i < argc; i++) {
@@ -197,9 +241,13 @@ int main(int argc, char **argv)
 	for (i = 0; i < nfds; i++)
 		if (dup2(src[i], dst[i]) < 0)
 			die("dup2");
-	close_above(max_dst + 1, HIGH_FD);
-	for (i = 0; i < nfds; i++)
-		close(src[i]);
+	/*
+	 * Everything above the targets goes, whatever its number: the parked copies, the
+	 * originals of SRC and of the pid fd (the caller passed them inheritable), and anything
+	 * else the caller leaked. Only the pid fd's parked copy (close-on-exec) stays until the
+	 * init's pid is written.
+	 */
+	close_all_from(max_dst + 1, pid_fd);
 
 	if (netns) {
 		int nsfd = open(netns, O_RDONLY | O_CLOEXEC);
@@ -223,13 +271,26 @@ int main(int argc, char **argv)
 	if (sigprocmask(SIG_BLOCK, &set, NULL) < 0)
 		die("sigprocmask");
 
+	/*
+	 * The init starts the rank only once its pid reached the caller (`go`): if we die or the
+	 * caller stopped listening before that, the init sees EOF and exits, so no rank ever runs
+	 * that the caller does not know of.
+	 */
+	if (pipe2(go, O_CLOEXEC) < 0)
+		die("pipe");
 	if (unshare(CLONE_NEWPID) < 0)
 		die("unshare(CLONE_NEWPID)");
 	init = fork();
 	if (init < 0)
 		die("fork init");
 	if (init == 0) {
+		char c;
+
 		close(pid_fd);
+		close(go[1]);
+		if (read(go[0], &c, 1) != 1)
+			_exit(127); /* the caller never learnt our pid: run nothing */
+		close(go[0]);
 		/*
 		 * A procfs of this PID namespace, in our private mount namespace: the host's /proc
 		 * names host pids, so /proc/<getpid()> would be some other process. The CUDA driver
@@ -238,11 +299,17 @@ int main(int argc, char **argv)
 		 */
 		if (mounted && mount("proc", "/proc", "proc", MS_NOSUID | MS_NODEV | MS_NOEXEC, NULL) < 0)
 			die("mount /proc");
-		_exit(run_init(argv, init_cwd, &set, max_dst));
+		_exit(run_init(argv, init_cwd, &set));
 	}
+	close(go[0]);
 	snprintf(buf, sizeof(buf), "%d\n", (int)init);
-	if (write(pid_fd, buf, strlen(buf)) != (ssize_t)strlen(buf))
+	if (write(pid_fd, buf, strlen(buf)) != (ssize_t)strlen(buf)) {
+		close(go[1]); /* the init exits without running anything; it is still our child */
+		waitpid(init, NULL, 0);
 		die("write pid");
+	}
 	close(pid_fd);
+	if (write(go[1], "g", 1) != 1)
+		die("start the init");
 	return 0;
 }

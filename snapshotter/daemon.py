@@ -8,6 +8,7 @@ answer, and removes it when it stops (SIGTERM, or the Shutdown call of `snapshot
 from __future__ import annotations
 
 import argparse
+import ctypes
 import json
 import logging
 import os
@@ -32,6 +33,29 @@ from snapshotter.storage.url import open_store
 
 AGENT_SERVICE = "snapshotter.Agent"
 log = logging.getLogger("snapshotter.daemon")
+
+
+# glibc's mallopt parameters (malloc.h).
+_M_MMAP_THRESHOLD = -3
+_M_ARENA_MAX = -8
+
+
+def bound_malloc() -> None:
+    """Keep the service's memory from ratcheting up with every freeze and thaw.
+
+    The data path allocates one 8 MiB buffer per chunk in flight, on worker threads. glibc
+    serves the first from mmap and returns it on free, but then raises its mmap threshold to
+    that size (the "dynamic threshold"), so every later buffer comes from a per-thread arena
+    that keeps the memory: measured here, the embedded daemon's RSS climbed from 59 to 199 MB
+    over 25 jobs. A fixed threshold (which also turns the dynamic one off) sends every buffer
+    of 1 MiB or more to mmap and back to the kernel when freed; fewer arenas bound the rest.
+    """
+    try:
+        libc = ctypes.CDLL(None)
+        libc.mallopt(_M_MMAP_THRESHOLD, 1 << 20)
+        libc.mallopt(_M_ARENA_MAX, 4)
+    except (OSError, AttributeError):
+        pass  # not glibc: its allocator has its own policy
 
 
 def _write_atomic(path: Path, data: dict[str, Any]) -> None:
@@ -75,7 +99,9 @@ def serve_embedded(paths: Paths, bind_host: str = "127.0.0.1") -> int:
     agent_server.start()
     coord_server.start()
     coord.register_agent(agent.settings.name, agent_server.address, bind_host)
-    Client(coord_server.address, COORDINATOR_SERVICE).call("Ping")
+    probe = Client(coord_server.address, COORDINATOR_SERVICE)
+    probe.call("Ping")
+    probe.close()
     _write_atomic(
         paths.daemon_file,
         {
@@ -221,6 +247,7 @@ def main(argv: list[str] | None = None) -> int:
         stream=sys.stderr,
     )
     paths = Paths(Path(a.home).resolve() if a.home else default_home())
+    bound_malloc()
     try:
         if a.mode == "embedded":
             return serve_embedded(paths, a.bind_host)

@@ -1,8 +1,11 @@
-"""Small facts about processes, shared by the CLI, the agent and the GPU fake."""
+"""Small facts about processes, shared by the CLI, the agent, the coordinator and the tests."""
 
 from __future__ import annotations
 
 import os
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
 
 
 def pid_alive(pid: int) -> bool:
@@ -14,3 +17,67 @@ def pid_alive(pid: int) -> bool:
     except PermissionError:
         return True
     return True
+
+
+@dataclass(frozen=True)
+class Resources:
+    """What one process holds: what must not grow with the jobs and operations it handled."""
+
+    pid: int
+    fds: int
+    threads: int
+    children: int  # live child processes
+    zombies: int  # exited children nobody reaped
+    rss_bytes: int
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def resources(pid: int | None = None) -> Resources:
+    """The resources of `pid` (default: this process), read from /proc.
+
+    Raises:
+        ProcessLookupError: no such process.
+    """
+    pid = os.getpid() if pid is None else pid
+    base = Path(f"/proc/{pid}")
+    try:
+        fds = len(os.listdir(base / "fd"))
+        status = (base / "status").read_text()
+    except FileNotFoundError as e:
+        raise ProcessLookupError(pid) from e
+    fields = dict(line.split(":", 1) for line in status.splitlines() if ":" in line)
+    alive, zombies = _children_of(pid)
+    return Resources(
+        pid=pid,
+        fds=fds,
+        threads=int(fields["Threads"]),
+        children=alive,
+        zombies=zombies,
+        rss_bytes=int(fields.get("VmRSS", "0 kB").split()[0]) * 1024,
+    )
+
+
+def child_processes(pid: int | None = None) -> list[tuple[int, str, str]]:
+    """(pid, state, comm) of every child of `pid` (default: this process), from /proc."""
+    parent = os.getpid() if pid is None else pid
+    out = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            stat = (entry / "stat").read_text()
+        except OSError:
+            continue  # gone meanwhile
+        head, _, rest = stat.rpartition(")")
+        fields = rest.split()
+        if len(fields) > 1 and int(fields[1]) == parent:
+            out.append((int(entry.name), fields[0], head.partition("(")[2]))
+    return out
+
+
+def _children_of(pid: int) -> tuple[int, int]:
+    kids = child_processes(pid)
+    zombies = sum(1 for _, state, _ in kids if state == "Z")
+    return len(kids) - zombies, zombies

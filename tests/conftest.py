@@ -1,5 +1,9 @@
 """Shared fixtures. End-to-end tests need root and CRIU; they are skipped with a reason
-otherwise (CI runs as root after deploy/install.sh, so there they run)."""
+otherwise (CI runs as root after deploy/install.sh, so there they run).
+
+Every test, and every module, is checked afterwards for processes it started that still run
+(tests/support/procs.py): they are named in the failure and ended.
+"""
 
 from __future__ import annotations
 
@@ -10,6 +14,31 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import SnapCli
+from tests.support.procs import CENSUS, guard
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    CENSUS.start()
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    CENSUS.stop()
+
+
+def pytest_report_header(config: pytest.Config) -> str:
+    return f"process census: {CENSUS.mechanism}"
+
+
+@pytest.fixture(autouse=True, scope="module")
+def _no_process_left_by_the_module(request: pytest.FixtureRequest) -> Iterator[None]:
+    with guard("module", f"module {request.module.__name__}"):
+        yield
+
+
+@pytest.fixture(autouse=True)
+def _no_process_left_by_the_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    with guard("function", f"test {request.node.name}"):
+        yield
 
 
 def _criu_ready() -> str | None:

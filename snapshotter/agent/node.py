@@ -22,9 +22,11 @@ from pathlib import Path
 from typing import Any
 
 from snapshotter import errors
+from snapshotter.agent import retention
 from snapshotter.agent.logs import LogPump, follow_file
-from snapshotter.agent.orphans import reap_orphans, record
+from snapshotter.agent.orphans import forget, reap_orphans, record
 from snapshotter.agent.rankctl import RankChannel
+from snapshotter.agent.retention import Retention
 from snapshotter.agent.runtime import NodeJob, NodeJobState, RankRuntime
 from snapshotter.agent.storeserver import StoreServer
 from snapshotter.config import Paths
@@ -39,7 +41,9 @@ from snapshotter.launch.env import (
     resume_env,
 )
 from snapshotter.launch.spec import JobSpec
-from snapshotter.sandbox import criu
+from snapshotter.procutil import Resources, resources
+from snapshotter.rpc.wire import caller_active
+from snapshotter.sandbox import children, criu
 from snapshotter.sandbox.spawn import PRIVATE_TMP, Sandbox, become_subreaper, spawn
 from snapshotter.storage.api import ObjectStore
 from snapshotter.storage.transfer import Progress, SnapshotReader, SnapshotWriter
@@ -87,6 +91,10 @@ class NodeSettings:
     # Seconds a freeze may go without any call or keep-alive from the coordinator before the
     # agent gives up on it and resumes (or unparks) its ranks; 0 disables the watchdog.
     freeze_lease_s: float = 60.0
+    # What finished jobs, logs and abandoned operations the agent keeps (agent/retention.py).
+    retention: Retention = field(default_factory=Retention)
+    # How often the agent reaps stray children and applies the retention bounds.
+    housekeeping_s: float = 10.0
 
 
 class NodeAgent:
@@ -102,12 +110,23 @@ class NodeAgent:
         self._gpu_stage: GpuStage | None = None
         self._gpu_checked = False
         self._closed = threading.Event()
+        # Ops with no call in flight that a dead coordinator could leave behind, by when they
+        # began (monotonic): thaws fetched here, stores opened here (agent/retention.py).
+        self._fetched: dict[str, float] = {}
+        self._store_opened: dict[str, float] = {}
+        # Launches in progress (job id -> cancelled?): a Cancel can stop one half-way.
+        self._launching: dict[str, threading.Event] = {}
+        # Init working directories of live ranks: how many use each, and whether this agent
+        # made it (it then removes it when the last user ends).
+        self._init_cwds: dict[str, tuple[int, bool]] = {}
         self.incarnation = uuid.uuid4().hex[:12]
         become_subreaper()
         self._sandboxes = self.paths.home / "sandboxes"
         reap_orphans(self._sandboxes)
-        if settings.freeze_lease_s > 0:
-            threading.Thread(target=self._watch_leases, daemon=True, name="leases").start()
+        # No operation outlives the agent that ran it: what a previous one staged is garbage.
+        shutil.rmtree(self.paths.home / "work", ignore_errors=True)
+        self._maintainer = threading.Thread(target=self._maintain, daemon=True, name="maintain")
+        self._maintainer.start()
 
     # ----------------------------------------------------------------- helpers
     @property
@@ -154,17 +173,36 @@ class NodeAgent:
         return ThreadPoolExecutor(max_workers=max(1, min(n, self.settings.dump_parallelism)))
 
     def _new_rank(
-        self, p: RankPlacement, sandbox: Sandbox, job_id: str, init_cwd: str
+        self, p: RankPlacement, sandbox: Sandbox, job_id: str, init_cwd: str, made_cwd: bool
     ) -> RankRuntime:
+        """Hand a started or restored sandbox to a RankRuntime, which owns it from now on."""
         record(self._sandboxes, sandbox.pid)
-        io = sandbox.io
-        return RankRuntime(
+        ctl_in, ctl_out, out, err = sandbox.io.take("ctl_in", "ctl_out", "stdout", "stderr")
+        rt = RankRuntime(
             placement=p,
             sandbox=sandbox,
-            channel=RankChannel(p.rank, io.ctl_in, io.ctl_out),
-            pump=LogPump(self.paths.log_file(job_id, p.rank), [io.stdout, io.stderr]),
+            channel=RankChannel(p.rank, ctl_in, ctl_out),
+            pump=LogPump(self.paths.log_file(job_id, p.rank), [out, err]),
             init_cwd=init_cwd,
         )
+        pid = sandbox.pid
+        rt.cleanups.append(lambda: forget(self._sandboxes, pid))
+        with self._lock:
+            users, made = self._init_cwds.get(init_cwd, (0, False))
+            self._init_cwds[init_cwd] = (users + 1, made or made_cwd)
+        rt.cleanups.append(lambda: self._release_init_cwd(init_cwd))
+        return rt
+
+    def _release_init_cwd(self, path: str) -> None:
+        """Remove an init working directory this agent made, once none of its live ranks
+        uses it (a fork restored on this node shares its original's)."""
+        with self._lock:
+            users, made = self._init_cwds.pop(path, (1, False))
+            if users > 1:
+                self._init_cwds[path] = (users - 1, made)
+                return
+        if made:
+            shutil.rmtree(path, ignore_errors=True)
 
     def _register(self, job: NodeJob) -> None:
         with self._lock:
@@ -189,6 +227,7 @@ class NodeAgent:
         with self._lock:
             old = self._stores.pop(job_id, None)
             self._stores[job_id] = server
+            self._store_opened[job_id] = time.monotonic()
         if old is not None:
             old.stop()
         return {"host": addr.host, "port": addr.port}
@@ -197,6 +236,7 @@ class NodeAgent:
         """Stop a store opened for a launch or thaw that did not happen."""
         with self._lock:
             server = self._stores.pop(job_id, None)
+            self._store_opened.pop(job_id, None)
         if server is not None:
             server.stop()
         return {}
@@ -208,6 +248,7 @@ class NodeAgent:
         when none is named (a caller driving one node alone), or only node 0's address."""
         with self._lock:
             opened = self._stores.pop(spec.job_id, None)
+            self._store_opened.pop(spec.job_id, None)
         if opened is not None:
             return opened, None
         if store is None:
@@ -216,38 +257,74 @@ class NodeAgent:
 
     # ----------------------------------------------------------------- launch
     def launch(self, spec: JobSpec, node_rank: int, store_at: StoreAddress | None = None) -> Msg:
+        """Start this node's ranks of a job. All or nothing: whatever fails (a spawn, a Cancel
+        arriving meanwhile, the caller giving up), every sandbox started is killed and reaped
+        and the job's store stopped before the error is raised."""
+        cancelled = threading.Event()
         with self._lock:
             old = self._jobs.get(spec.job_id)
-            if old is not None and not old.state.terminal:
+            if (old is not None and not old.state.terminal) or spec.job_id in self._launching:
                 raise errors.InvalidArgument(
                     f"job {spec.job_id} is already running", "choose another --job-id"
                 )
-        store, remote = self._store_for(spec, store_at)
-        job = NodeJob(spec=spec, node_rank=node_rank, store=store, remote_store=remote)
+            self._launching[spec.job_id] = cancelled
         try:
-            for p in placements(spec.nnodes, spec.nproc_per_node, node_rank):
-                env = rank_env(spec.env, p, job.store_address, spec.job_id, self.node_env)
-                argv = rank_argv(spec.python, spec.script, spec.script_args, spec.module)
-                init_cwd = self.paths.init_cwd(f"{spec.job_id}-r{p.rank}-{uuid.uuid4().hex[:8]}")
-                init_cwd.mkdir(parents=True, exist_ok=True)
-                sb = spawn(
-                    argv,
-                    env,
-                    spec.cwd,
-                    init_cwd=init_cwd,
-                    netns=self.settings.netns,
-                    private_tmp=PRIVATE_TMP if self.settings.private_tmp else None,
-                )
-                job.ranks.append(self._new_rank(p, sb, spec.job_id, str(init_cwd)))
-        except BaseException:
-            for r in job.ranks:
-                r.sandbox.kill()
-            if store is not None:
-                store.stop()
-            raise
-        self._register(job)
+            store, remote = self._store_for(spec, store_at)
+            job = NodeJob(spec=spec, node_rank=node_rank, store=store, remote_store=remote)
+            init_cwd: Path | None = None
+            try:
+                for p in placements(spec.nnodes, spec.nproc_per_node, node_rank):
+                    self._check_launch(spec.job_id, cancelled)
+                    env = rank_env(spec.env, p, job.store_address, spec.job_id, self.node_env)
+                    argv = rank_argv(spec.python, spec.script, spec.script_args, spec.module)
+                    init_cwd = self.paths.init_cwd(
+                        f"{spec.job_id}-r{p.rank}-{uuid.uuid4().hex[:8]}"
+                    )
+                    sb = spawn(
+                        argv,
+                        env,
+                        spec.cwd,
+                        init_cwd=init_cwd,
+                        netns=self.settings.netns,
+                        private_tmp=PRIVATE_TMP if self.settings.private_tmp else None,
+                    )
+                    job.ranks.append(self._new_rank(p, sb, spec.job_id, str(init_cwd), True))
+                    init_cwd = None  # owned by the rank now
+                self._check_launch(spec.job_id, cancelled)
+            except BaseException as e:
+                if init_cwd is not None:  # made for a spawn that failed
+                    shutil.rmtree(init_cwd, ignore_errors=True)
+                self._undo_launch(job, e)
+                raise
+            self._register(job)
+        finally:
+            with self._lock:
+                self._launching.pop(spec.job_id, None)
         job.watch()
         return job.describe()
+
+    def _check_launch(self, job_id: str, cancelled: threading.Event) -> None:
+        if cancelled.is_set():
+            raise errors.FreezeRefused(
+                f"the launch of job {job_id} was cancelled while it started its ranks",
+                "nothing of it is left running; launch it again if that was not meant",
+            )
+        if not caller_active():
+            raise errors.ServiceUnavailable(
+                f"the caller gave up on the launch of job {job_id} (its deadline passed)",
+                "nothing of it is left running; retry the launch",
+            )
+
+    def _undo_launch(self, job: NodeJob, cause: BaseException) -> None:
+        log.warning(
+            "launch of job %s on node %s failed (%s); ending the %d rank(s) it started",
+            job.spec.job_id, self.settings.name, cause, len(job.ranks),
+        )  # fmt: skip
+        for r in job.ranks:
+            r.sandbox.kill()
+        for r in job.ranks:
+            r.sandbox.wait(30)
+        job.release()
 
     # ----------------------------------------------------------------- freeze phases
     def _each(self, job: NodeJob, fn: Callable[[RankRuntime], Msg]) -> dict[int, Msg]:
@@ -526,22 +603,84 @@ class NodeAgent:
                     fr.in_flight -= 1
                     fr.touched = time.monotonic()
 
-    def _watch_leases(self) -> None:
+    def _maintain(self) -> None:
+        """The agent's one background loop: freeze leases (every half second) and
+        housekeeping (stray children, retention) every `housekeeping_s`."""
         lease = self.settings.freeze_lease_s
-        while not self._closed.wait(min(0.5, lease / 4)):
-            now = time.monotonic()
-            with self._lock:
-                expired = [
-                    f for f in self._freezes.values()
-                    if f.in_flight == 0 and (f.expired or now - f.touched > lease)
-                ]  # fmt: skip
-            for fr in expired:
+        tick = min(0.5, lease / 4) if lease > 0 else 0.5
+        next_housekeeping = time.monotonic() + self.settings.housekeeping_s
+        while not self._closed.wait(tick):
+            if lease > 0:
+                self._check_leases(lease)
+            if time.monotonic() >= next_housekeeping:
                 try:
-                    self._abandon(fr)
-                except Exception:  # noqa: BLE001 - the watchdog must keep running
-                    log.exception("recovering abandoned freeze %s failed", fr.freeze_id)
-                    with self._lock:
-                        self._freezes.pop(fr.freeze_id, None)  # once: never retried
+                    self.housekeep()
+                except Exception:  # noqa: BLE001 - the loop must keep running
+                    log.exception("housekeeping failed")
+                next_housekeeping = time.monotonic() + self.settings.housekeeping_s
+
+    def _check_leases(self, lease: float) -> None:
+        now = time.monotonic()
+        with self._lock:
+            expired = [
+                f for f in self._freezes.values()
+                if f.in_flight == 0 and (f.expired or now - f.touched > lease)
+            ]  # fmt: skip
+        for fr in expired:
+            try:
+                self._abandon(fr)
+            except Exception:  # noqa: BLE001 - the watchdog must keep running
+                log.exception("recovering abandoned freeze %s failed", fr.freeze_id)
+                with self._lock:
+                    fr = self._freezes.pop(fr.freeze_id, fr)  # once: never retried
+                if fr.writer is not None:
+                    fr.writer.release()
+
+    def housekeep(self) -> None:
+        """Reap stray children; forget old finished jobs (and their logs); stop stores and
+        drop fetched thaws a dead coordinator left; keep CRIU's logs within bounds."""
+        children.reap_strays()
+        r = self.settings.retention
+        now, wall = time.monotonic(), time.time()
+        with self._lock:
+            finished = {
+                j: job.ended or wall for j, job in self._jobs.items() if job.state.terminal
+            }
+            forget_jobs = retention.jobs_to_forget(
+                finished, wall, r.finished_jobs, r.finished_job_age_s
+            )
+            for j in forget_jobs:
+                self._jobs.pop(j, None)
+            stale_stores = retention.expired(self._store_opened, now, r.unclaimed_store_s)
+            stores = [self._stores.pop(j) for j in stale_stores if j in self._stores]
+            for j in stale_stores:
+                self._store_opened.pop(j, None)
+            stale_fetches = retention.expired(self._fetched, now, r.stale_fetch_s)
+            live_ops = {fr.freeze_id for fr in self._freezes.values()} | set(self._fetched)
+            live_jobs = set(self._jobs) | set(self._launching)
+        for j in forget_jobs:
+            if j not in live_jobs:
+                shutil.rmtree(self.paths.job_dir(j), ignore_errors=True)
+        for st in stores:
+            log.warning("stopping a rendezvous store no launch or thaw claimed")
+            st.stop()
+        for op in stale_fetches:
+            log.warning("dropping thaw %s: fetched but never restored nor discarded", op)
+            self.discard_fetch(op)
+        self._prune_criu_logs(r.criu_log_dirs, live_ops)
+
+    def _prune_criu_logs(self, keep: int, live_ops: set[str]) -> None:
+        root = self.paths.criu_logs("x").parent
+        try:
+            dirs = {d.name: d.stat().st_mtime for d in root.iterdir() if d.is_dir()}
+        except OSError:
+            return
+        for name in retention.dirs_to_prune(dirs, keep, live_ops):
+            shutil.rmtree(root / name, ignore_errors=True)
+
+    def resources(self) -> Resources:
+        """What this agent process holds now (what must not grow with jobs handled)."""
+        return resources()
 
     def _abandon(self, fr: _Freeze) -> None:
         """The coordinator stopped driving this freeze: put the ranks back as they were.
@@ -578,9 +717,13 @@ class NodeAgent:
         return fr
 
     def _end_freeze(self, job: NodeJob, freeze_id: str) -> None:
+        """Release everything a freeze holds, whichever way it ended. Chunks it uploaded stay:
+        committed, discarded (DiscardUpload) or left for gc, the coordinator decides."""
         with self._lock:
             fr = self._freezes.pop(freeze_id, None)
         if fr is not None:
+            if fr.writer is not None:
+                fr.writer.release()
             shutil.rmtree(fr.work, ignore_errors=True)
         if job.op_lock.locked():
             job.op_lock.release()
@@ -602,6 +745,8 @@ class NodeAgent:
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
+        with self._lock:
+            self._fetched[op] = time.monotonic()  # expires unless restored or discarded
         yield {
             "event": "fetched",
             "node": self.settings.name,
@@ -611,6 +756,8 @@ class NodeAgent:
 
     def discard_fetch(self, op: str) -> Msg:
         if op.startswith("thaw-") and "/" not in op:
+            with self._lock:
+                self._fetched.pop(op, None)
             shutil.rmtree(self.paths.work_dir(op), ignore_errors=True)
         return {}
 
@@ -640,6 +787,7 @@ class NodeAgent:
             )
         job: NodeJob | None = None
         store: StoreServer | None = None
+        watched = False
         try:
             # Refuse before any process starts when this node cannot take the GPU state.
             recorded = records_of(ranks)
@@ -656,7 +804,9 @@ class NodeAgent:
             logs = self.paths.criu_logs(op)
 
             def one(rec: Msg) -> RankRuntime:
-                Path(rec["init_cwd"]).mkdir(parents=True, exist_ok=True)
+                init_cwd = Path(rec["init_cwd"])
+                made = not init_cwd.is_dir()
+                init_cwd.mkdir(parents=True, exist_ok=True)
                 sb = criu.restore(
                     work / rec["stream"],
                     {k: int(v) for k, v in rec["inodes"].items()},
@@ -671,7 +821,7 @@ class NodeAgent:
                     local_world_size=spec.nproc_per_node,
                     nnodes=spec.nnodes,
                 )
-                return self._new_rank(p, sb, spec.job_id, rec["init_cwd"])
+                return self._new_rank(p, sb, spec.job_id, rec["init_cwd"], made)
 
             t1 = time.monotonic()
             with self._pool(len(ranks)) as pool:
@@ -687,6 +837,7 @@ class NodeAgent:
             restore_s = time.monotonic() - t1
             self._register(job)
             job.watch()
+            watched = True
             gpu_out: Msg = {}
             if gpu is not None:
                 t_gpu = time.monotonic()
@@ -706,13 +857,17 @@ class NodeAgent:
             if gpu_out:
                 res["gpu"] = gpu_out
             return res
-        except BaseException:
-            if job is not None:
-                job.stop(NodeJobState.FAILED)
+        except BaseException as e:
+            if job is not None and watched:
+                job.stop(NodeJobState.FAILED)  # its watchers release what the ranks hold
+            elif job is not None:
+                self._undo_launch(job, e)
             if store is not None:
                 store.stop()
             raise
         finally:
+            with self._lock:
+                self._fetched.pop(op, None)
             shutil.rmtree(work, ignore_errors=True)
 
     def _resume_ranks(self, job: NodeJob, store: StoreAddress, epoch: str, timeout: float) -> None:
@@ -743,6 +898,12 @@ class NodeAgent:
         return job.describe()
 
     def cancel(self, job_id: str) -> Msg:
+        with self._lock:
+            launching = self._launching.get(job_id)
+        if launching is not None:
+            # The launch ends what it started and fails; its caller reports that.
+            launching.set()
+            return {"job_id": job_id, "state": NodeJobState.CANCELLED.value, "ranks": []}
         job = self.job(job_id)
         if not job.state.terminal:
             job.stop(NodeJobState.CANCELLED)
@@ -769,6 +930,8 @@ class NodeAgent:
 
     def shutdown(self) -> None:
         self._closed.set()
+        if self._maintainer is not threading.current_thread():
+            self._maintainer.join(timeout=10)
         with self._lock:
             jobs = list(self._jobs.values())
             stores = list(self._stores.values())

@@ -34,6 +34,11 @@ def record(registry: Path, pid: int) -> None:
     (registry / str(pid)).write_text(started)
 
 
+def forget(registry: Path, pid: int) -> None:
+    """The sandbox ended under its agent: its record goes (records never pile up)."""
+    (registry / str(pid)).unlink(missing_ok=True)
+
+
 def reap_orphans(registry: Path) -> list[int]:
     """Kill every recorded sandbox still alive (same pid, same start time); forget them all."""
     killed: list[int] = []

@@ -28,6 +28,10 @@ Msg = dict[str, Any]
 
 
 class RankChannel:
+    """Owns both fds it is given: the reader thread closes `from_rank_fd` at EOF (nothing else
+    may: closing an fd another thread reads lets the number be reused under it), `close()`
+    closes `to_rank_fd` and waits for the reader."""
+
     def __init__(self, rank: int, to_rank_fd: int, from_rank_fd: int) -> None:
         self.rank = rank
         self._out = to_rank_fd
@@ -40,26 +44,34 @@ class RankChannel:
 
     def _read_loop(self) -> None:
         buf = b""
-        while True:
-            try:
-                data = os.read(self._in, 65536)
-            except OSError:
-                data = b""
-            if not data:
-                self._replies.put(None)
-                return
-            buf += data
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                if line.strip():
-                    try:
-                        self._replies.put(json.loads(line))
-                    except ValueError:
-                        continue
+        try:
+            while True:
+                try:
+                    data = os.read(self._in, 65536)
+                except OSError:
+                    data = b""
+                if not data:
+                    self._replies.put(None)
+                    return
+                buf += data
+                while b"\n" in buf:
+                    line, buf = buf.split(b"\n", 1)
+                    if line.strip():
+                        try:
+                            self._replies.put(json.loads(line))
+                        except ValueError:
+                            continue
+        finally:
+            os.close(self._in)
 
     def send(self, msg: Msg) -> None:
         data = (json.dumps(msg) + "\n").encode()
         with self._send_lock:
+            if self._closed:
+                raise errors.FreezeFailed(
+                    f"rank {self.rank} control channel is closed (the rank has ended)",
+                    "see `snapshotter logs` for why the rank ended",
+                )
             try:
                 os.write(self._out, data)
             except OSError as e:
@@ -114,12 +126,20 @@ class RankChannel:
                 self._replies.put(None)
                 return
 
-    def close(self) -> None:
-        if self._closed:
-            return
-        self._closed = True
-        for fd in (self._out, self._in):
+    def close(self, timeout: float = 5.0) -> None:
+        """Close the agent's end toward the rank and wait (up to `timeout`) for the reader to
+        see EOF; once the rank has exited that is immediate. A reader still blocked then (a
+        process that kept the rank's end open) closes its fd itself when EOF comes."""
+        with self._send_lock:
+            if self._closed:
+                return
+            self._closed = True
             try:
-                os.close(fd)
+                os.close(self._out)
             except OSError:
                 pass
+        self._reader.join(timeout)
+
+    @property
+    def reader_alive(self) -> bool:
+        return self._reader.is_alive()

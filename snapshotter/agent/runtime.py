@@ -12,6 +12,7 @@ import logging
 import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -47,16 +48,36 @@ class NodeJobState(enum.Enum):
 
 @dataclass
 class RankRuntime:
+    """One rank as the agent holds it. Owns its sandbox (the init as a child, a pidfd), its
+    control channel, its log pump and whatever `cleanups` the agent attached (the orphan
+    record, the init's working directory); `close()` releases all of them once the sandbox
+    has exited."""
+
     placement: RankPlacement
     sandbox: Sandbox
     channel: RankChannel
     pump: LogPump
     init_cwd: str
     exit_code: int | None = None
+    cleanups: list[Callable[[], None]] = field(default_factory=list)
+    _closed: bool = False
 
     @property
     def rank(self) -> int:
         return self.placement.rank
+
+    def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
+        self.channel.close()
+        self.pump.join(timeout=5)
+        self.sandbox.close()
+        for fn in self.cleanups:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - one failed cleanup must not skip the others
+                log.exception("cleanup of job rank %d failed", self.rank)
 
 
 @dataclass
@@ -112,9 +133,12 @@ class NodeJob:
                 self.state = NodeJobState.FAILED
             self.ended = time.time()
             self._cv.notify_all()
+        self.release()
+
+    def release(self) -> None:
+        """Release what the ranks and the store hold (every rank has exited)."""
         for r in self.ranks:
-            r.pump.join(timeout=5)
-            r.channel.close()
+            r.close()
         if self.store is not None:
             self.store.stop()
 

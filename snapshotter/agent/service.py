@@ -43,6 +43,8 @@ def agent_service(
             "pid": os.getpid(),
             "host": agent.settings.host,
             "incarnation": agent.incarnation,
+            "resources": agent.resources().to_dict(),
+            "running_jobs": agent.running_jobs(),
         },
         "OpenStore": lambda req: agent.open_store(
             req["job_id"], req["python"], dict(req.get("env", {}))

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 
 from snapshotter import errors
 from snapshotter.launch.env import StoreAddress
+from snapshotter.sandbox import children
 
 
 class StoreServer:
@@ -30,7 +31,7 @@ class StoreServer:
         self._started = time.monotonic()
         self._address: StoreAddress | None = None
         self._lock = threading.Lock()
-        self._proc = subprocess.Popen(
+        self._proc = children.popen(
             [python, "-m", "snapshotter.hook.store_server", "--host", host, "--port", "0"],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,

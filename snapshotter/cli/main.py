@@ -215,9 +215,37 @@ def _status_text(st: Msg) -> str:
 
 
 def cmd_status(a: argparse.Namespace) -> int:
-    st = _client().call("Status", {"job_id": a.job_id})
-    emit_result(st, a.json, None, _status_text(st))
+    c = _client()
+    if a.job_id is not None:
+        st = c.call("Status", {"job_id": a.job_id})
+        emit_result(st, a.json, None, _status_text(st))
+        return 0
+    res = {"coordinator": c.call("Ping"), **c.call("Nodes")}
+    emit_result(res, a.json, None, _services_text(res))
     return 0
+
+
+def _resources_text(r: Msg) -> str:
+    return (
+        f"fds {r['fds']}, threads {r['threads']}, children {r['children']}, "
+        f"zombies {r['zombies']}, rss {human_bytes(r['rss_bytes'])}"
+    )
+
+
+def _services_text(res: Msg) -> str:
+    co = res["coordinator"]
+    head = f"coordinator pid {co['pid']}, store {co['store']}"
+    lines = [f"{head}: {_resources_text(co['resources'])}"]
+    for n in res["nodes"]:
+        if "error" in n:
+            lines.append(f"  node {n['name']} ({n['address']}): not answering: {n['error']}")
+            continue
+        jobs = ", ".join(n.get("running_jobs", [])) or "none"
+        lines.append(
+            f"  node {n['name']} ({n['address']}, pid {n['pid']}): "
+            f"{_resources_text(n['resources'])}; running jobs: {jobs}"
+        )
+    return "\n".join(lines)
 
 
 def cmd_wait(a: argparse.Namespace) -> int:
@@ -363,8 +391,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("--nodes", default=None)
 
     add("jobs", cmd_jobs, "list jobs")
-    s = add("status", cmd_status, "show a job")
-    s.add_argument("job_id")
+    s = add("status", cmd_status, "show a job, or without one the services and their resources")
+    s.add_argument("job_id", nargs="?", default=None)
     w = add("wait", cmd_wait, "wait until a job ends")
     w.add_argument("job_id")
     w.add_argument("--timeout", type=float, default=None)

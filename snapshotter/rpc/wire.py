@@ -9,6 +9,7 @@ client re-raises the same type with the same cause and next step; transport fail
 
 from __future__ import annotations
 
+import contextvars
 import json
 import logging
 from collections.abc import Callable, Iterator
@@ -76,23 +77,43 @@ def _abort(context: grpc.ServicerContext, err: BaseException) -> None:
     context.abort(_status(err), json.dumps(err.to_dict()))
 
 
+# The context of the call the current handler thread serves (None outside a handler).
+_CALL: contextvars.ContextVar[grpc.ServicerContext | None] = contextvars.ContextVar(
+    "snapshotter_call", default=None
+)
+
+
+def caller_active() -> bool:
+    """False once the caller of the call being served has gone (its deadline passed, it was
+    cancelled or disconnected): a long handler then undoes what it did instead of finishing
+    work nobody will learn of. True outside a handler."""
+    ctx = _CALL.get()
+    return ctx is None or bool(ctx.is_active())
+
+
 def _wrap_unary(fn: Unary) -> Callable[[Msg, grpc.ServicerContext], Msg]:
     def handler(req: Msg, context: grpc.ServicerContext) -> Msg:
+        token = _CALL.set(context)
         try:
             return fn(req)
         except Exception as e:  # noqa: BLE001 - every failure is mapped to a status
             _abort(context, e)
             raise  # unreachable: abort raises
+        finally:
+            _CALL.reset(token)
 
     return handler
 
 
 def _wrap_stream(fn: Streaming) -> Callable[[Msg, grpc.ServicerContext], Iterator[Msg]]:
     def handler(req: Msg, context: grpc.ServicerContext) -> Iterator[Msg]:
+        token = _CALL.set(context)
         try:
             yield from fn(req)
         except Exception as e:  # noqa: BLE001
             _abort(context, e)
+        finally:
+            _CALL.reset(token)
 
     return handler
 

@@ -27,12 +27,14 @@ import contextlib
 import fcntl
 import functools
 import itertools
+import logging
 import os
 import re
 import shutil
 import socket
 import subprocess
 import tempfile
+import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
@@ -40,6 +42,7 @@ from pathlib import Path
 from typing import Any
 
 from snapshotter.errors import CriuFailed, CriuUnavailable, SandboxError
+from snapshotter.sandbox import children
 from snapshotter.sandbox.images import ensure_mountpoints, ensure_socket_dirs, has_mount_ns
 from snapshotter.sandbox.spawn import PIPE_NAMES, Sandbox, is_subreaper, netns_path, new_pipes
 
@@ -53,7 +56,11 @@ GHOST_LIMIT = 1 << 30
 TAIL_LINES = 15
 _INSTALL_HINT = "run deploy/install-criu.sh (or set $SNAPSHOTTER_CRIU to a CRIU >= 4.1)"
 _SWRK_EXIT_TIMEOUT = 30.0
+# A CRIU call still running after this is stuck (a dump moves GB/s; these are hours of it).
+DUMP_TIMEOUT_S = 3600.0
+RESTORE_TIMEOUT_S = 3600.0
 _seq = itertools.count(1)
+log = logging.getLogger(__name__)
 _LOCK_DIR = Path(tempfile.gettempdir()) / "snapshotter-criu-locks"
 
 
@@ -74,7 +81,7 @@ class DumpStats:
 @functools.lru_cache(maxsize=8)
 def _checked(path: str) -> Path:
     try:
-        out = subprocess.run(
+        out = children.run(
             [path, "--version"], capture_output=True, text=True, timeout=30, check=False
         )
     except (OSError, subprocess.TimeoutExpired) as e:
@@ -120,7 +127,14 @@ def _pycriu() -> Any:
     return pycriu
 
 
-def dump(pid: int, images_dir: Path, *, leave_running: bool, log_dir: Path) -> DumpStats:
+def dump(
+    pid: int,
+    images_dir: Path,
+    *,
+    leave_running: bool,
+    log_dir: Path,
+    timeout: float = DUMP_TIMEOUT_S,
+) -> DumpStats:
     """Dump the tree rooted at `pid` (a sandbox init) into `images_dir`.
 
     `log_dir` is CRIU's work dir: it gets `dump-<pid>-<n>.log`; give each sandbox its own.
@@ -148,7 +162,7 @@ def dump(pid: int, images_dir: Path, *, leave_running: bool, log_dir: Path) -> D
 
     start = time.monotonic()
     with _root_cwd_lock(pid):
-        _call(pycriu, "dump", images_dir, log_dir, log_name, configure, (), netns)
+        _call(pycriu, "dump", images_dir, log_dir, log_name, configure, (), netns, timeout)
     wall = time.monotonic() - start
     return _dump_stats(images_dir, log_dir, log_dir / log_name, wall)
 
@@ -159,6 +173,7 @@ def restore(
     *,
     log_dir: Path,
     netns: str | None = None,
+    timeout: float = RESTORE_TIMEOUT_S,
 ) -> Sandbox:
     """Restore the tree in `images_dir` as a new sandbox, a child of this process.
 
@@ -200,17 +215,27 @@ def restore(
             entry.key = key
             entry.fd = fd  # a number in the criu process: passed to it with pass_fds
 
+    # The restored root is forked as our child before its pid is known (and stays one, a
+    # zombie, when the restore fails after that): no reaper may run meanwhile.
     try:
-        resp = _call(
-            pycriu, "restore", images_dir, log_dir, log_name, configure, inherit.values(), ns_path
-        )
+        with children.spawning():
+            try:
+                resp = _call(
+                    pycriu, "restore", images_dir, log_dir, log_name, configure,
+                    inherit.values(), ns_path, timeout,
+                )  # fmt: skip
+                return Sandbox(resp.pid, io)
+            except BaseException:
+                io.close()
+                raise
+            finally:
+                for fd in rank.values():
+                    os.close(fd)
     except BaseException:
-        io.close()
+        # What CRIU forked as our child and killed when it gave up (the agent's reaper takes
+        # it later if another spawn is running now).
+        children.reap_strays()
         raise
-    finally:
-        for fd in rank.values():
-            os.close(fd)
-    return Sandbox(resp.pid, io)
 
 
 def _call(
@@ -222,8 +247,11 @@ def _call(
     configure: Callable[[Any], None],
     pass_fds: Iterable[int],
     netns: Path | None,
+    timeout: float,
 ) -> Any:
-    """One RPC request to a private `criu swrk`; returns pycriu's answer (resp.dump/.restore)."""
+    """One RPC request to a private `criu swrk`; returns pycriu's answer (resp.dump/.restore).
+    A swrk still working after `timeout` seconds is killed: the RPC then fails like any
+    other CRIU failure (CRIU's ptrace seizure ends with it, so the tree runs on)."""
     criu = criu_binary()
     log_path = log_dir / log_name
     ours, theirs = socket.socketpair(socket.AF_UNIX, socket.SOCK_SEQPACKET)
@@ -234,7 +262,7 @@ def _call(
         cmd = ["nsenter", f"--net={netns}", "--", *cmd]
     with tempfile.TemporaryFile() as stderr:
         try:
-            swrk = subprocess.Popen(
+            swrk = children.popen(
                 cmd,
                 stdin=subprocess.DEVNULL,
                 stdout=subprocess.DEVNULL,
@@ -249,6 +277,9 @@ def _call(
             os.close(work_fd)
             raise CriuUnavailable(f"cannot start {cmd[0]}: {e}", _INSTALL_HINT) from e
         theirs.close()
+        watchdog = threading.Timer(timeout, _kill_overdue, args=(swrk, action, timeout))
+        watchdog.daemon = True
+        watchdog.start()
         try:
             client = pycriu.criu()
             client.use_fd(ours.fileno())
@@ -268,10 +299,16 @@ def _call(
             extra = stderr.read().decode(errors="replace").splitlines()
             raise CriuFailed(action, str(log_path), _tail(log_path, [*extra, str(e)])) from e
         finally:
+            watchdog.cancel()
             ours.close()
             os.close(images_fd)
             os.close(work_fd)
             _wait(swrk)
+
+
+def _kill_overdue(swrk: subprocess.Popen[bytes], action: str, timeout: float) -> None:
+    log.error("criu %s still running after %.0fs; killing it (pid %d)", action, timeout, swrk.pid)
+    swrk.kill()
 
 
 def _wait(swrk: subprocess.Popen[bytes]) -> None:

@@ -10,10 +10,10 @@ from __future__ import annotations
 import fcntl
 import os
 import shutil
-import subprocess
 from pathlib import Path
 
 from snapshotter.errors import SandboxError
+from snapshotter.sandbox import children
 
 ENV_VAR = "SNAPSHOTTER_SNAPINIT"
 BIN_DIR = Path(__file__).resolve().parent / "_bin"
@@ -73,7 +73,7 @@ def _build(binary: Path) -> None:
     errors = ""
     # Static first: the init then survives a restore on a node with another libc.
     for extra in (["-static"], []):
-        proc = subprocess.run(
+        proc = children.run(
             [cc, *_CFLAGS, *extra, "-o", str(tmp), str(SOURCE)],
             capture_output=True,
             text=True,

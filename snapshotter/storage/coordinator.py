@@ -128,6 +128,15 @@ class TransferCoordinator:
             self._cleanups.clear()
         self._pool.shutdown(wait=True)
 
+    def release_workers(self) -> None:
+        """Stop the worker threads once every task finished, leaving the status and the
+        cleanups as they are (someone else decides the transfer's fate; `abort` still runs
+        the cleanups). No task may be submitted afterwards."""
+        with self._lock:
+            while self._in_flight:
+                self._idle.wait()
+        self._pool.shutdown(wait=True)
+
     def abort(self) -> list[BaseException]:
         """Stop: let running tasks finish, drop queued ones, run cleanups once.
 

@@ -309,6 +309,13 @@ class SnapshotWriter:
             self._coord.set_exception(err)
             raise
 
+    def release(self) -> None:
+        """Release the worker threads, keeping every chunk written: for a writer whose streams
+        are committed elsewhere (the coordinator's commit_snapshot gathers every node's). A
+        later `abort` still deletes the chunks; without one they are a committed snapshot's,
+        or orphans for `snapshotter gc`."""
+        self._coord.release_workers()
+
     def abort(self) -> list[str]:
         """Give up on this snapshot: wait for running uploads, delete every chunk written so
         far (best effort). Returns the keys that could not be deleted (left for gc). After a

@@ -356,3 +356,40 @@ def test_restored_sandbox_keeps_its_own_proc(sandboxes: Sandboxes, tmp_path: Pat
     out.wait_for(r"^pid ")
     seen = len(out.lines)
     assert out.wait_for(r"^pid (\d+) procself (\d+)$", start=seen).groups() == ("2", "2")
+
+
+# Writes a line a tick to a file it keeps open for writing ('w'): the file's size at the dump
+# is not its size later, which CRIU refuses at restore ("has bad size").
+GROWING_FILE_SRC = r"""
+import os, sys, time
+f = open(sys.argv[1], "w")
+n = 0
+while True:
+    n += 1
+    f.write(f"line {n}\n"); f.flush()
+    os.write(1, f"tick {n}\n".encode())
+    time.sleep(0.02)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_failed_restore_leaves_no_process_and_no_zombie(
+    sandboxes: Sandboxes, tmp_path: Path
+) -> None:
+    """CRIU forks the restored root as our child before it finds the file changed; when it
+    gives up, that child is a zombie nobody knows the pid of. The driver reaps it."""
+    from snapshotter.procutil import child_processes
+
+    prog = tmp_path / "grow.py"
+    prog.write_text(GROWING_FILE_SRC)
+    sb = sandboxes.spawn(prog, str(tmp_path / "metrics.csv"))
+    out = Lines(sb.io.stdout)
+    wait_ticks(out, 2)
+    criu.dump(sb.pid, tmp_path / "img", leave_running=True, log_dir=tmp_path / "log")
+    wait_ticks(out, 5)  # the file grows past what the images recorded
+    before = {pid for pid, _, _ in child_processes()}
+    with pytest.raises(CriuFailed, match="bad size"):
+        criu.restore(tmp_path / "img", sb.io.inodes, log_dir=tmp_path / "rlog")
+    left = [(pid, state, comm) for pid, state, comm in child_processes() if pid not in before]
+    assert left == [], f"the failed restore left children behind: {left}"
+    assert sb.poll() is None  # the original is untouched

@@ -327,3 +327,60 @@ def test_private_tmp_sandbox_has_its_own_proc(sandboxes: Sandboxes, tmp_path: Pa
     m = Lines(sb.io.stdout).wait_for(r"^pid (\d+) procself (\d+)$")
     assert m.group(1) == m.group(2) == "2"  # the rank, right after its init (pid 1)
     assert os.readlink("/proc/self") == str(os.getpid())  # the host's /proc is untouched
+
+
+@pytest.mark.timeout(60)
+@pytest.mark.parametrize("private", [False, True], ids=["host-mounts", "private-tmp"])
+def test_no_descriptor_of_the_caller_reaches_the_sandbox(
+    sandboxes: Sandboxes, rank_py: Path, private: bool
+) -> None:
+    """With the caller's fd numbers far above 64 (a long-running agent's), spawn returns at
+    once and neither the init nor the rank holds anything but 0-4: no pid-pipe end to keep
+    spawn from seeing EOF, no agent pipe, no inheritable fd the caller happened to have."""
+    from snapshotter.sandbox.spawn import PRIVATE_TMP
+
+    ballast = [os.open("/dev/null", os.O_RDONLY) for _ in range(120)]
+    inheritable = os.open("/dev/null", os.O_RDONLY)
+    os.set_inheritable(inheritable, True)
+    try:
+        assert min(ballast[-10:]) > 64
+        t0 = time.monotonic()
+        sb = sandboxes.spawn(rank_py, private_tmp=PRIVATE_TMP if private else None)
+        spawn_s = time.monotonic() - t0
+        Lines(sb.io.stdout).wait_for(r"^tick 1$")
+        (rank,) = Path(f"/proc/{sb.pid}/task/{sb.pid}/children").read_text().split()
+        rank_fds = {int(fd) for fd in os.listdir(f"/proc/{rank}/fd")}
+        # Python's own fds in the rank open after start (none here but 0-4 at first).
+        assert {0, 1, 2, 3, 4} <= rank_fds and not {fd for fd in rank_fds if fd > 4} - {5, 6}
+        for fd in rank_fds - {0, 1, 2, 3, 4}:
+            target = os.readlink(f"/proc/{rank}/fd/{fd}")
+            assert not target.startswith("pipe:") or target in (
+                f"pipe:[{v}]" for v in sb.io.inodes.values()
+            ), target
+        assert sorted(int(fd) for fd in os.listdir(f"/proc/{sb.pid}/fd")) == [0, 1, 2]
+        assert spawn_s < 20  # it returned: the pid pipe reached EOF (no deadline hit)
+    finally:
+        for fd in (*ballast, inheritable):
+            os.close(fd)
+
+
+@pytest.mark.timeout(60)
+def test_spawn_gives_up_at_its_deadline_and_leaves_nothing(
+    sandboxes: Sandboxes, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    """An init that never reports (here: a stand-in that sleeps) fails the spawn at the
+    deadline with the reason; the stand-in is killed and reaped, and its pipes closed."""
+    from snapshotter.sandbox import children
+
+    fake = tmp_path / "snapinit"
+    fake.write_text("#!/bin/sh\nexec sleep 300\n")
+    fake.chmod(0o755)
+    monkeypatch.setenv("SNAPSHOTTER_SNAPINIT", str(fake))
+    fds_before = len(os.listdir("/proc/self/fd"))
+    kids_before = {pid for pid, _, _ in children.child_processes()}
+    t0 = time.monotonic()
+    with pytest.raises(SandboxError, match="did not report the sandbox's pid within 2s"):
+        spawn(["true"], {}, tmp_path, init_cwd=tmp_path / "i", timeout=2)
+    assert time.monotonic() - t0 < 10
+    assert {pid for pid, _, _ in children.child_processes()} <= kids_before
+    assert len(os.listdir("/proc/self/fd")) == fds_before

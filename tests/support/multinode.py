@@ -28,6 +28,7 @@ from typing import Any
 from snapshotter.rpc.wire import Client
 from tests.support.cli import TRAIN, SnapCli
 from tests.support.netns import Cluster, _pids_in_netns, netns_unavailable
+from tests.support.procs import CENSUS
 
 ROOT = Path(__file__).resolve().parents[2]
 COORD_PORT = 7070
@@ -119,6 +120,7 @@ class Deployment:
             env=self._env(self.root / "coord-home"), stdout=log, stderr=log, cwd=ROOT,
         )  # fmt: skip
         log.close()
+        CENSUS.keep(self.coord_proc.pid, "module", "multi-node deployment")
         self._wait(lambda: self.ping() is not None, "the coordinator to answer", self.coord_proc)
 
     def start_agent(self, name: str) -> None:
@@ -131,6 +133,7 @@ class Deployment:
             env=self._env(self.home(name)), stdout=log, stderr=log, cwd=ROOT,
         )  # fmt: skip
         log.close()
+        CENSUS.keep(self.agents[name].pid, "module", "multi-node deployment")
         agent = Client(f"{node.ip}:{AGENT_PORT}", "snapshotter.Agent")
 
         seen: dict[str, str] = {}

@@ -38,6 +38,8 @@ from typing import Any
 
 import pytest
 
+from tests.support.procs import CENSUS
+
 HOST = "127.0.0.1"
 REGION = "us-east-1"
 _PR_SET_PDEATHSIG = 1
@@ -205,6 +207,8 @@ class SeaweedServer:
             start_new_session=True,  # own process group: stop() kills exactly it
             preexec_fn=_die_with_parent if sys.platform.startswith("linux") else None,
         )
+        # Serves every test of the session (or of a module); stop() ends it.
+        CENSUS.keep(self.proc.pid, "session", "SeaweedFS server")
 
     def crash(self) -> None:
         """SIGKILL the server, as a fault for tests; `revive()` brings it back."""
