@@ -36,12 +36,13 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from coordinator.decisions import pick_targets  # noqa: E402
 from snapshotter.agent.logs import LogPump  # noqa: E402
 from snapshotter.agent.rankctl import RankChannel  # noqa: E402
-from snapshotter.agent.storeserver import StoreServer  # noqa: E402
+from snapshotter.agent.rdzv import RdzvServer  # noqa: E402
+from snapshotter.coordinator.decisions import pick_targets  # noqa: E402
 from snapshotter.gpu.cuda import CudaDriver, detect  # noqa: E402
 from snapshotter.gpu.stage import GpuStage, GpuStageSettings  # noqa: E402
+from snapshotter.hook import protocol  # noqa: E402
 from snapshotter.launch.env import placements, rank_argv, rank_env, resume_env  # noqa: E402
 from snapshotter.sandbox import criu  # noqa: E402
 from snapshotter.sandbox.spawn import PRIVATE_TMP, Sandbox, become_subreaper, spawn  # noqa: E402
@@ -59,7 +60,7 @@ class Job:
 
     def __init__(self, work: Path, name: str, nproc: int, args: list[str]) -> None:
         self.work, self.name, self.nproc, self.args = work, name, nproc, args
-        self.store = StoreServer(sys.executable, "127.0.0.1", {"PATH": "/usr/bin:/bin"})
+        self.store = RdzvServer(sys.executable, "127.0.0.1", {"PATH": "/usr/bin:/bin"})
         self.sandboxes: list[Sandbox] = []
         self.channels: list[RankChannel] = []
         self.pumps: list[LogPump] = []
@@ -70,8 +71,9 @@ class Job:
 
     def _attach(self, rank: int, sb: Sandbox) -> None:
         self.sandboxes.append(sb)
-        self.channels.append(RankChannel(rank, sb.io.ctl_in, sb.io.ctl_out))
-        self.pumps.append(LogPump(self.log(rank), [sb.io.stdout, sb.io.stderr]))
+        ctl_in, ctl_out, stdout, stderr = sb.io.take("ctl_in", "ctl_out", "stdout", "stderr")
+        self.channels.append(RankChannel(rank, ctl_in, ctl_out))
+        self.pumps.append(LogPump(self.log(rank), [stdout, stderr]))
 
     def start(self, env: dict[str, str]) -> None:
         argv = rank_argv(sys.executable, str(JOB), self.args, False)
@@ -143,20 +145,19 @@ class Job:
         return [got[r] for r in range(self.nproc)]
 
     def quiesce(self, fid: str) -> None:
-        counts = self.each(lambda r: self.channels[r].request(
-            {"op": "prepare", "freeze": fid}, "counts", T)["counts"])
+        counts = self.each(
+            lambda r: self.channels[r].request(protocol.prepare(fid), T)["counts"]
+        )
         targets = pick_targets(dict(enumerate(counts)))
         for ch in self.channels:
-            ch.send({"op": "park", "freeze": fid, "targets": targets})
+            ch.send(protocol.park(fid, targets))
         self.each(lambda r: self.channels[r].expect("parked", fid, T))
-        self.each(lambda r: self.channels[r].request({"op": "suspend", "freeze": fid},
-                                                     "suspended", T))
+        self.each(lambda r: self.channels[r].request(protocol.suspend(fid), T))
 
-    def resume(self, fid: str, store: StoreServer) -> None:
-        a = store.address
-        msg = {"op": "resume", "freeze": fid, "store": {"host": a.host, "port": a.port},
-               "epoch": fid, "env": resume_env(a, {})}
-        self.each(lambda r: self.channels[r].request(dict(msg), "resumed", T))
+    def resume(self, fid: str, rdzv: RdzvServer) -> None:
+        a = rdzv.address
+        msg = protocol.resume(fid, fid, a.host, a.port, resume_env(a, {}))
+        self.each(lambda r: self.channels[r].request(dict(msg), T))
 
     def close(self) -> None:
         for sb in self.sandboxes:
@@ -276,7 +277,7 @@ def main() -> int:
     criu.criu_binary()  # fail early, with the install hint, when CRIU is not there
     fake = None
     if a.driver == "fake":
-        from snapshotter.gpu.fake import FakeCudaDriver
+        from snapshotter.testing.gpu_fake import FakeCudaDriver
 
         fake = FakeCudaDriver()
         driver: CudaDriver | None = CudaDriver(fake)

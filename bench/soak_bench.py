@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import shutil
 import sys
 import tempfile
 import time
@@ -127,7 +128,10 @@ def main() -> int:
     ap.add_argument("--json", default=None)
     a = ap.parse_args()
     result: dict[str, Any] = {}
-    with tempfile.TemporaryDirectory(prefix="soak-") as tmp:
+    # Kept when something fails (its logs are the evidence), removed after a clean run.
+    tmp = tempfile.mkdtemp(prefix="soak-")
+    print(f"work directory: {tmp}", file=sys.stderr)
+    try:
         every = max(1, a.jobs // 10)
         if a.jobs:
             rep, left = single_node(a.jobs, Path(tmp) / "single")
@@ -140,6 +144,10 @@ def main() -> int:
             result["two_nodes"] = summarize("two netns nodes", rep, a.warmup, every)
             result["two_nodes"]["leftovers"] = left
             print(f"  leftovers under the agents' homes: {left}")
+    except BaseException:
+        print(f"soak failed; its logs are under {tmp}", file=sys.stderr)
+        raise
+    shutil.rmtree(tmp, ignore_errors=True)
     if a.json:
         Path(a.json).write_text(json.dumps(result, indent=1))
     return 0

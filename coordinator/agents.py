@@ -1,22 +1,22 @@
-"""The node agents as the coordinator sees them: a typed client per agent, and a helper that
-runs one call on many agents at once (every phase of a freeze or thaw is parallel across nodes).
+"""The node agents as the coordinator sees them: a typed client per agent, one call on many
+agents at once (every phase of a freeze or thaw is parallel across nodes), and many streams
+merged into one.
 """
 
 from __future__ import annotations
 
 import queue
 import threading
-from collections.abc import Callable, Iterator, Sequence
-from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
+from snapshotter import parallel
 from snapshotter.launch.spec import JobSpec
-from snapshotter.rpc.wire import Client
+from snapshotter.rpc.client import Client, Target, agent_client
+from snapshotter.v1 import agent_pb2
 
-AGENT_SERVICE = "snapshotter.Agent"
-Msg = dict[str, Any]
-T = TypeVar("T")
+R = TypeVar("R")
 
 
 @dataclass
@@ -24,78 +24,63 @@ class AgentHandle:
     name: str
     address: str
     host: str
-    # The coordinator's fencing token, sent with every call (snapshotter/agent/fencing.py).
-    fence: tuple[int, str] | None = None
+    # How to reach it: address, TLS (its certificate carries its name), the fencing token.
+    target: Target
     # time.monotonic() of the agent's last registration heartbeat (None: never expires).
     seen: float | None = None
     # Changes when the agent process restarts (its jobs are then gone or orphaned).
     incarnation: str = ""
+    version: str = ""
+    client: Client = field(init=False)
 
     def __post_init__(self) -> None:
-        self.client = Client(self.address, AGENT_SERVICE)
+        self.client = agent_client(self.target)
 
-    def _with_fence(self, req: Msg | None) -> Msg:
-        out = dict(req or {})
-        if self.fence is not None:
-            out["fence"] = list(self.fence)
-        return out
-
-    def call(self, method: str, req: Msg | None = None, timeout: float | None = 60.0) -> Msg:
-        return self.client.call(method, self._with_fence(req), timeout=timeout)
-
-    def stream(self, method: str, req: Msg | None = None) -> Iterator[Msg]:
-        return self.client.stream(method, self._with_fence(req))
+    @property
+    def stub(self) -> Any:
+        """The generated AgentStub: every call carries our version, credentials and fence."""
+        return self.client.stub
 
     def close(self) -> None:
         """Close the channel (the agent was replaced or forgotten; calls on it fail)."""
         self.client.close()
 
 
-def open_store_req(spec: JobSpec) -> Msg:
-    """OpenStore on node 0's agent: the job's rendezvous store, started with its Python."""
-    return {"job_id": spec.job_id, "python": spec.python, "env": spec.env}
-
-
 def on_all(
-    agents: Sequence[AgentHandle], fn: Callable[[AgentHandle], T]
-) -> tuple[dict[str, T], dict[str, BaseException]]:
-    """Run fn on every agent in parallel; results and failures by agent name."""
-    results: dict[str, T] = {}
-    failures: dict[str, BaseException] = {}
-    if not agents:
-        return results, failures
-    with ThreadPoolExecutor(max_workers=len(agents)) as pool:
-        futs = {a.name: pool.submit(fn, a) for a in agents}
-        for name, f in futs.items():
-            try:
-                results[name] = f.result()
-            except BaseException as e:  # noqa: BLE001 - reported to the caller
-                failures[name] = e
-    return results, failures
+    agents: Iterable[AgentHandle], fn: Callable[[AgentHandle], R]
+) -> parallel.Outcome[str, R]:
+    """`fn` on every agent at once; results and failures by agent name."""
+    return parallel.each(agents, fn, key=lambda a: a.name, name="agents")
+
+
+def open_rdzv_req(spec: JobSpec) -> agent_pb2.OpenRdzvRequest:
+    """OpenRdzv on node 0's agent: the job's rendezvous server, started with its Python."""
+    return agent_pb2.OpenRdzvRequest(job_id=spec.job_id, python=spec.python, env=spec.env)
 
 
 def merge_streams(
-    agents: Sequence[AgentHandle], method: str, req_for: Callable[[AgentHandle], Msg]
-) -> Iterator[tuple[str, Msg | BaseException]]:
-    """Run a streaming call on every agent at once, yielding (agent, event) as they arrive.
-    A failure of one agent arrives as (agent, exception); the others continue."""
-    q: queue.Queue[tuple[str, Msg | BaseException | None]] = queue.Queue()
+    agents: Sequence[AgentHandle], call: Callable[[AgentHandle], Iterator[Any]]
+) -> Iterator[tuple[str, Any]]:
+    """A streaming call on every agent at once, yielding (agent, event) as they arrive. A
+    failure of one agent arrives as (agent, exception); the others continue."""
+    q: queue.Queue[tuple[str, Any]] = queue.Queue()
+    done = object()
 
     def pump(a: AgentHandle) -> None:
         try:
-            for ev in a.stream(method, req_for(a)):
+            for ev in call(a):
                 q.put((a.name, ev))
-        except BaseException as e:  # noqa: BLE001
+        except BaseException as e:  # noqa: BLE001 - handed to the consumer
             q.put((a.name, e))
         finally:
-            q.put((a.name, None))
+            q.put((a.name, done))
 
     for a in agents:
-        threading.Thread(target=pump, args=(a,), daemon=True, name=f"{method}-{a.name}").start()
+        threading.Thread(target=pump, args=(a,), daemon=True, name=f"stream-{a.name}").start()
     open_ = len(agents)
     while open_:
         name, ev = q.get()
-        if ev is None:
+        if ev is done:
             open_ -= 1
             continue
         yield name, ev

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import enum
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
 from snapshotter import errors
@@ -22,6 +22,43 @@ def pick_targets(counts_by_rank: Mapping[int, Mapping[str, int]]) -> dict[str, i
         for group, n in counts.items():
             targets[group] = max(targets.get(group, 0), int(n) + 1)
     return targets
+
+
+def place(nnodes: int, requested: Sequence[str], live: Iterable[str]) -> list[str]:
+    """The agents that take a job's nodes, in node-rank order: the ones requested (each once,
+    each live), or else the first `nnodes` live ones by name.
+
+    Raises:
+        ServiceUnavailable: no agent is live at all.
+        InvalidArgument: an unknown or repeated node, or not enough nodes.
+    """
+    alive = sorted(set(live))
+    if not alive:
+        raise errors.ServiceUnavailable(
+            "no node agent is registered with the coordinator",
+            "start an agent on each node (`snapshotter agent`), or use the embedded default",
+        )
+    if requested:
+        unknown = [n for n in requested if n not in alive]
+        if unknown:
+            raise errors.InvalidArgument(
+                f"unknown or unreachable node(s) {unknown}", f"live nodes: {alive}"
+            )
+        repeated = sorted({n for n in requested if list(requested).count(n) > 1})
+        if repeated:
+            raise errors.InvalidArgument(
+                f"node(s) {repeated} named more than once", "name each node once with --nodes"
+            )
+        chosen = list(requested)
+    else:
+        chosen = alive[:nnodes]
+    if len(chosen) != nnodes:
+        raise errors.InvalidArgument(
+            f"the job needs {nnodes} node(s) but {len(chosen)} "
+            + ("were given" if requested else "are live"),
+            f"live nodes: {alive}",
+        )
+    return chosen
 
 
 def snapshot_id(job_id: str, now: datetime, suffix: str) -> str:

@@ -24,15 +24,17 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any
 
-from coordinator.agents import AgentHandle, merge_streams, on_all
-from coordinator.decisions import pick_targets, snapshot_id
 from snapshotter import errors
+from snapshotter.coordinator.agents import AgentHandle, merge_streams, on_all
+from snapshotter.coordinator.decisions import pick_targets, snapshot_id
 from snapshotter.launch.spec import JobSpec
+from snapshotter.rpc import convert
 from snapshotter.storage.api import ObjectStore
 from snapshotter.storage.transfer import commit_snapshot
+from snapshotter.v1 import agent_pb2, common_pb2, coordinator_pb2
 
 log = logging.getLogger(__name__)
-Msg = dict[str, Any]
+pb = coordinator_pb2
 
 
 @dataclass(frozen=True)
@@ -55,6 +57,10 @@ def lost_text(silent: list[str], ended: list[str]) -> str:
     if ended:
         parts.append(f"the ranks on node(s) {', '.join(ended)} ended")
     return "; ".join(parts)
+
+
+def _phase(phase: str, **kw: Any) -> coordinator_pb2.FreezeEvent:
+    return pb.FreezeEvent(phase=common_pb2.PhaseEvent(phase=phase, **kw))
 
 
 class FreezeOperation:
@@ -80,10 +86,15 @@ class FreezeOperation:
         self._resumed = False
         self._uploaded = False
 
-    def _req(self, **kw: Any) -> Msg:
-        return {"job_id": self.spec.job_id, "freeze_id": self.freeze_id, **kw}
+    def _ref(self) -> agent_pb2.FreezeRef:
+        return agent_pb2.FreezeRef(job_id=self.spec.job_id, freeze_id=self.freeze_id)
 
-    def run(self) -> Iterator[Msg]:
+    def _phase_req(self, timeout: float) -> agent_pb2.PhaseRequest:
+        return agent_pb2.PhaseRequest(
+            job_id=self.spec.job_id, freeze_id=self.freeze_id, timeout_s=timeout
+        )
+
+    def run(self) -> Iterator[coordinator_pb2.FreezeEvent]:
         done = threading.Event()
         keeper = threading.Thread(target=self._keep_alive, args=(done,), daemon=True)
         keeper.start()
@@ -104,46 +115,39 @@ class FreezeOperation:
 
     def _keep_alive(self, done: threading.Event) -> None:
         """Renew every agent's lease on this freeze while it runs: a node that is quick in a
-        phase must not give up while a slower one still works (agent/node.py: leases)."""
+        phase must not give up while a slower one still works (agent/freeze.py: leases)."""
         while not done.wait(self.settings.keepalive_s):
-            on_all(self.agents, lambda a: a.call("KeepFreeze", self._req(), timeout=5))
+            on_all(self.agents, lambda a: a.stub.KeepFreeze(self._ref(), timeout=5))
 
-    def _run(self) -> Iterator[Msg]:
+    def _run(self) -> Iterator[coordinator_pb2.FreezeEvent]:
         s = self.settings
         t_start = time.monotonic()
-        yield {"event": "phase", "phase": "prepare", "snapshot_id": self.snapshot_id}
+        yield _phase("prepare", snapshot_id=self.snapshot_id)
         # Refuse before touching the ranks when the snapshot could not be stored anyway.
         next(iter(self.store.list_keys("snapshots/")), None)
-        res, fail = on_all(
-            self.agents,
-            lambda a: a.call(
-                "Prepare", self._req(timeout=s.prepare_timeout), timeout=s.prepare_timeout + 10
-            ),
+        req = agent_pb2.PrepareRequest(
+            job_id=self.spec.job_id, freeze_id=self.freeze_id, timeout_s=s.prepare_timeout
         )
-        self._prepared = [a for a in self.agents if a.name in res]
-        if fail:
-            raise _first(fail)
+        out = on_all(self.agents, lambda a: a.stub.Prepare(req, timeout=s.prepare_timeout + 10))
+        self._prepared = [a for a in self.agents if a.name in out.results]
+        out.raise_first()
         counts: dict[int, dict[str, int]] = {}
-        for r in res.values():
-            counts.update({int(k): v for k, v in r["counts"].items()})
+        for reply in out.results.values():
+            counts.update({rank: dict(c.issued) for rank, c in reply.counts.items()})
         targets = pick_targets(counts)
 
-        yield {"event": "phase", "phase": "quiesce", "targets": targets}
+        yield _phase("quiesce", targets=targets)
         t_park = time.monotonic()
-        res, fail = on_all(
-            self.agents,
-            lambda a: a.call(
-                "Park",
-                self._req(targets=targets, timeout=s.quiesce_timeout),
-                timeout=s.quiesce_timeout + 10,
-            ),
-        )
-        if fail:
-            raise _first(fail)
-        missing = {rank: why for r in res.values() for rank, why in r["missing"].items()}
+        park = agent_pb2.ParkRequest(
+            job_id=self.spec.job_id, freeze_id=self.freeze_id, targets=targets,
+            timeout_s=s.quiesce_timeout,
+        )  # fmt: skip
+        parked = on_all(self.agents, lambda a: a.stub.Park(park, timeout=s.quiesce_timeout + 10))
+        parked.raise_first()
+        missing = {rank: why for r in parked.results.values() for rank, why in r.missing.items()}
         if missing:
-            who = ", ".join(sorted(missing, key=int))
-            detail = "; ".join(missing[k] for k in sorted(missing, key=int))
+            who = ", ".join(str(k) for k in sorted(missing))
+            detail = "; ".join(missing[k] for k in sorted(missing))
             raise errors.QuiesceTimeout(
                 f"rank(s) {who} did not reach collective barrier {targets} within "
                 f"{s.quiesce_timeout:.0f}s ({detail})",
@@ -152,98 +156,95 @@ class FreezeOperation:
             )
         quiesce_s = time.monotonic() - t_park
 
-        yield {"event": "phase", "phase": "suspend"}
+        yield _phase("suspend")
         self._suspended = True
-        _, fail = on_all(
-            self.agents,
-            lambda a: a.call(
-                "Suspend", self._req(timeout=s.suspend_timeout), timeout=s.suspend_timeout + 10
-            ),
-        )
-        if fail:
-            raise _first(fail)
+        sus = self._phase_req(s.suspend_timeout)
+        on_all(
+            self.agents, lambda a: a.stub.Suspend(sus, timeout=s.suspend_timeout + 10)
+        ).raise_first()
 
-        yield {"event": "phase", "phase": "dump"}
+        yield _phase("dump")
         t_dump = time.monotonic()
-        dumps, fail = on_all(self.agents, lambda a: a.call("Dump", self._req(), timeout=None))
-        if fail:
-            raise _first(fail)
+        dumps = on_all(self.agents, lambda a: a.stub.Dump(self._ref(), timeout=None))
+        dumps.raise_first()
         dump_s = time.monotonic() - t_dump
-        image_bytes = sum(r["image_bytes"] for d in dumps.values() for r in d["ranks"])
+        image_bytes = sum(r.image_bytes for d in dumps.results.values() for r in d.ranks)
 
-        stall_s = None
+        stall_s: float | None = None
         if not self.stop:
             self._resume()
             stall_s = time.monotonic() - t_park
-            yield {"event": "phase", "phase": "resumed", "stall_s": stall_s}
+            yield _phase("resumed", stall_s=stall_s)
 
-        yield {"event": "phase", "phase": "upload", "bytes": image_bytes}
+        yield _phase("upload", bytes=image_bytes)
         t_up = time.monotonic()
-        streams: dict[str, Msg] = {}
-        ranks: list[Msg] = []
-        uploads: list[Msg] = []
+        streams: dict[str, common_pb2.StreamInfo] = {}
+        ranks: list[common_pb2.RankRecord] = []
+        uploads: list[common_pb2.UploadWindow] = []
         failures: dict[str, BaseException] = {}
         self._uploaded = True  # from here on, chunks may exist that a failure must remove
-        for name, ev in merge_streams(
-            self.agents, "Upload", lambda a: self._req(snapshot_id=self.snapshot_id)
-        ):
+        up = agent_pb2.UploadRequest(
+            job_id=self.spec.job_id, freeze_id=self.freeze_id, snapshot_id=self.snapshot_id
+        )
+        for name, ev in merge_streams(self.agents, lambda a: a.stub.Upload(up)):
             if isinstance(ev, BaseException):
                 failures[name] = ev
-            elif ev.get("event") == "progress":
-                yield {**ev, "node": name}
-            elif ev.get("event") == "uploaded":
-                streams.update(ev["streams"])
-                ranks.extend(ev["ranks"])
-                uploads.append(ev["upload"])
+            elif ev.HasField("progress"):
+                p = common_pb2.TransferProgress()
+                p.CopyFrom(ev.progress)
+                p.node = name
+                yield pb.FreezeEvent(progress=p)
+            elif ev.HasField("uploaded"):
+                streams.update(ev.uploaded.streams)
+                ranks.extend(ev.uploaded.ranks)
+                uploads.append(ev.uploaded.upload)
         if failures:
             raise _first(failures)
         upload_s = time.monotonic() - t_up
 
-        yield {"event": "phase", "phase": "commit"}
-        stats: Msg = {
-            "quiesce_s": quiesce_s,
-            "dump_s": dump_s,
-            "upload_s": upload_s,
-            "stall_s": stall_s,
-            "image_bytes": image_bytes,
-            "uploads": uploads,
-        }
+        yield _phase("commit")
+        stats = pb.FreezeStats(
+            quiesce_s=quiesce_s, dump_s=dump_s, upload_s=upload_s, stall_s=stall_s,
+            image_bytes=image_bytes, uploads=uploads,
+        )  # fmt: skip
+        job, omitted = self.spec.for_snapshot()
         meta = {
-            "job": self.spec.to_dict(),
+            "job": job,
+            "env_omitted": omitted,
             "source_job": self.spec.job_id,
             "freeze_id": self.freeze_id,
             "targets": targets,
-            "ranks": sorted(ranks, key=lambda r: int(r["rank"])),
+            "ranks": [convert.plain(r) for r in sorted(ranks, key=lambda r: r.rank)],
             "nodes": [a.name for a in self.agents],
-            "stats": stats,
+            "stats": convert.plain(stats),
         }
-        commit_snapshot(self.store, self.snapshot_id, streams, meta)
+        commit_snapshot(
+            self.store, self.snapshot_id, {n: convert.plain(st) for n, st in streams.items()}, meta
+        )
         self._on_committed(self.snapshot_id)
 
         if self.stop:
-            yield {"event": "phase", "phase": "stop"}
-        on_all(self.agents, lambda a: a.call("FinishFreeze", self._req(stop=self.stop), timeout=60))
-        yield {
-            "event": "done",
-            "snapshot_id": self.snapshot_id,
-            "stopped": self.stop,
-            "stats": {**stats, "total_s": time.monotonic() - t_start},
-        }
+            yield _phase("stop")
+        fin = agent_pb2.FinishFreezeRequest(
+            job_id=self.spec.job_id, freeze_id=self.freeze_id, stop=self.stop
+        )
+        on_all(self.agents, lambda a: a.stub.FinishFreeze(fin, timeout=60))
+        stats.total_s = time.monotonic() - t_start
+        yield pb.FreezeEvent(
+            done=pb.FreezeDone(snapshot_id=self.snapshot_id, stopped=self.stop, stats=stats)
+        )
 
     def _resume(self) -> None:
         s = self.settings
-        _, fail = on_all(
-            self.agents,
-            lambda a: a.call(
-                "Resume", self._req(timeout=s.resume_timeout), timeout=s.resume_timeout + 10
-            ),
-        )
+        req = self._phase_req(s.resume_timeout)
+        out = on_all(self.agents, lambda a: a.stub.Resume(req, timeout=s.resume_timeout + 10))
         self._resumed = True
-        if fail:
+        if out.failures:
+            first = _first(out.failures)
             raise errors.FreezeFailed(
-                f"ranks could not rebuild their communicators after the dump: {_first(fail)}",
+                f"ranks could not rebuild their communicators after the dump: {first}",
                 "the job is likely stuck; cancel it and thaw the last snapshot",
-            ) from _first(fail)
+            ) from first
 
     def _recover(self, cause: BaseException) -> str:
         """Put the job back as it was: unpark, or resume after a suspend; drop partial data.
@@ -255,10 +256,11 @@ class FreezeOperation:
         silent, ended = self._lost_nodes()
         if silent or ended:
             if self._uploaded:
-                on_all(self.agents, lambda a: a.call("DiscardUpload", self._req(), timeout=30))
+                on_all(self.agents, lambda a: a.stub.DiscardUpload(self._ref(), timeout=30))
+            job = common_pb2.JobRef(job_id=self.spec.job_id)
             on_all(
                 [a for a in self.agents if a.name not in silent],
-                lambda a: a.call("Cancel", {"job_id": self.spec.job_id}, timeout=60),
+                lambda a: a.stub.Cancel(job, timeout=60),
             )
             return lost_text(silent, ended)
         self._restore_job()
@@ -266,21 +268,21 @@ class FreezeOperation:
 
     def _lost_nodes(self) -> tuple[list[str], list[str]]:
         """Nodes whose agent does not answer, and nodes whose ranks have ended."""
-        res, fail = on_all(
-            self.agents, lambda a: a.call("Status", {"job_id": self.spec.job_id}, timeout=10)
-        )
-        ended = [n for n, st in res.items() if st["state"] in ("FAILED", "CANCELLED")]
-        return sorted(fail), sorted(ended)
+        job = common_pb2.JobRef(job_id=self.spec.job_id)
+        out = on_all(self.agents, lambda a: a.stub.Status(job, timeout=10))
+        ended = [n for n, st in out.results.items() if st.state in ("FAILED", "CANCELLED")]
+        return sorted(out.failures), sorted(ended)
 
     def _restore_job(self) -> None:
         if self._uploaded:
-            on_all(self.agents, lambda a: a.call("DiscardUpload", self._req(), timeout=120))
+            on_all(self.agents, lambda a: a.stub.DiscardUpload(self._ref(), timeout=120))
         if self._suspended and not self._resumed:
             try:
                 self._resume()
             except errors.SnapshotterError as e:
                 log.error("resume after failed freeze failed: %s", e)
         elif self._prepared and not self._suspended:
-            on_all(self._prepared, lambda a: a.call("Abort", self._req(), timeout=60))
+            on_all(self._prepared, lambda a: a.stub.Abort(self._ref(), timeout=60))
             return  # Abort released the agents' freeze state
-        on_all(self._prepared, lambda a: a.call("FinishFreeze", self._req(stop=False), timeout=60))
+        fin = agent_pb2.FinishFreezeRequest(job_id=self.spec.job_id, freeze_id=self.freeze_id)
+        on_all(self._prepared, lambda a: a.stub.FinishFreeze(fin, timeout=60))

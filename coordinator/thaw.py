@@ -16,18 +16,30 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import Any
 
-from coordinator.agents import AgentHandle, merge_streams, on_all, open_store_req
 from snapshotter import errors
+from snapshotter.coordinator.agents import AgentHandle, merge_streams, on_all, open_rdzv_req
 from snapshotter.launch.spec import JobSpec
+from snapshotter.rpc import convert
+from snapshotter.v1 import agent_pb2, common_pb2, coordinator_pb2
 
-Msg = dict[str, Any]
+pb = coordinator_pb2
 
 
-def ranks_by_node(meta: Msg, nnodes: int) -> list[list[Msg]]:
-    """The snapshot's rank records grouped by the node rank they ran on."""
-    out: list[list[Msg]] = [[] for _ in range(nnodes)]
-    for r in meta["ranks"]:
-        out[int(r["node_rank"])].append(r)
+def ranks_by_node(meta: dict[str, Any], nnodes: int) -> list[list[common_pb2.RankRecord]]:
+    """The snapshot's rank records grouped by the node rank they ran on.
+
+    Raises: SnapshotCorrupt if a record is malformed or names a node the job does not have.
+    """
+    out: list[list[common_pb2.RankRecord]] = [[] for _ in range(nnodes)]
+    for r in meta.get("ranks", []):
+        try:
+            rec = convert.parse(r, common_pb2.RankRecord)
+            out[rec.node_rank].append(rec)
+        except (IndexError, ValueError) as e:
+            raise errors.SnapshotCorrupt(
+                f"a rank record of the snapshot is malformed ({e}): {r!r}",
+                "thaw an older snapshot of the job",
+            ) from e
     return out
 
 
@@ -35,7 +47,7 @@ class ThawOperation:
     def __init__(
         self,
         snapshot_id: str,
-        meta: Msg,
+        meta: dict[str, Any],
         spec: JobSpec,
         agents: Sequence[AgentHandle],
         resume_timeout: float = 120.0,
@@ -54,46 +66,54 @@ class ThawOperation:
         self.resume_timeout = resume_timeout
         self._ranks = ranks_by_node(meta, spec.nnodes)
 
-    def run(self) -> Iterator[Msg]:
-        # Node 0's store starts while every node fetches (it needs the job's torch imported).
+    def run(self) -> Iterator[coordinator_pb2.ThawEvent]:
+        # Node 0's rendezvous server starts while every node fetches (it imports the job's
+        # torch, which takes a while).
         opened: dict[str, Any] = {}
-        opener = threading.Thread(target=self._open_store, args=(opened,), daemon=True)
+        opener = threading.Thread(target=self._open_rdzv, args=(opened,), daemon=True)
         opener.start()
         try:
             yield from self._run(opener, opened)
         except BaseException:
             opener.join()
-            on_all(self.agents[:1], lambda a: a.call("CloseStore", {"job_id": self.spec.job_id}))
+            job = common_pb2.JobRef(job_id=self.spec.job_id)
+            on_all(self.agents[:1], lambda a: a.stub.CloseRdzv(job, timeout=30))
             raise
 
-    def _open_store(self, out: dict[str, Any]) -> None:
+    def _open_rdzv(self, out: dict[str, Any]) -> None:
         try:
-            out["store"] = self.agents[0].call("OpenStore", open_store_req(self.spec), timeout=90)
+            out["rdzv"] = self.agents[0].stub.OpenRdzv(open_rdzv_req(self.spec), timeout=90)
         except BaseException as e:  # noqa: BLE001 - raised in the restore phase
             out["error"] = e
 
-    def _run(self, opener: threading.Thread, opened: dict[str, Any]) -> Iterator[Msg]:
+    def _run(
+        self, opener: threading.Thread, opened: dict[str, Any]
+    ) -> Iterator[coordinator_pb2.ThawEvent]:
         t0 = time.monotonic()
         node_of = {a.name: i for i, a in enumerate(self.agents)}
         ops: dict[str, str] = {}
         fetch_s: dict[str, float] = {}
         failures: dict[str, BaseException] = {}
-        yield {"event": "phase", "phase": "fetch", "snapshot_id": self.snapshot_id}
-        for name, ev in merge_streams(
-            self.agents,
-            "Fetch",
-            lambda a: {
-                "snapshot_id": self.snapshot_id,
-                "streams": [r["stream"] for r in self._ranks[node_of[a.name]]],
-            },
-        ):
+        yield pb.ThawEvent(phase=common_pb2.PhaseEvent(phase="fetch", snapshot_id=self.snapshot_id))
+
+        def fetch(a: AgentHandle) -> Iterator[agent_pb2.FetchEvent]:
+            streams = [r.stream for r in self._ranks[node_of[a.name]]]
+            return a.stub.Fetch(agent_pb2.FetchRequest(snapshot_id=self.snapshot_id,
+                                                       streams=streams))  # fmt: skip
+
+        for name, ev in merge_streams(self.agents, fetch):
             if isinstance(ev, BaseException):
                 failures[name] = ev
-            elif ev.get("event") == "fetched":
-                ops[name] = ev["op"]
-                fetch_s[name] = ev["fetch_s"]
-            else:
-                yield {**ev, "node": name}
+            elif ev.HasField("fetched"):
+                ops[name] = ev.fetched.op
+                fetch_s[name] = ev.fetched.fetch_s
+            elif ev.HasField("phase"):
+                ph = common_pb2.PhaseEvent()
+                ph.CopyFrom(ev.phase)
+                ph.node = name
+                yield pb.ThawEvent(phase=ph)
+            elif ev.HasField("progress"):
+                yield pb.ThawEvent(progress=ev.progress)
         if failures:
             self._discard(ops)
             raise next(iter(failures.values()))
@@ -102,45 +122,40 @@ class ThawOperation:
         if "error" in opened:
             self._discard(ops)
             raise opened["error"]
-        yield {"event": "phase", "phase": "restore"}
+        yield pb.ThawEvent(phase=common_pb2.PhaseEvent(phase="restore"))
         t1 = time.monotonic()
-        res, fail = on_all(
-            self.agents,
-            lambda a: a.call(
-                "Restore",
-                {
-                    "op": ops[a.name],
-                    "spec": self.spec.to_dict(),
-                    "ranks": self._ranks[node_of[a.name]],
-                    "node_rank": node_of[a.name],
-                    "timeout": self.resume_timeout,
-                    "store": opened["store"],
-                    "epoch": self.thaw_id,
-                },
+
+        def restore(a: AgentHandle) -> agent_pb2.RestoreReply:
+            return a.stub.Restore(
+                agent_pb2.RestoreRequest(
+                    op=ops[a.name], spec=self.spec.to_proto(), ranks=self._ranks[node_of[a.name]],
+                    node_rank=node_of[a.name], timeout_s=self.resume_timeout,
+                    rdzv=opened["rdzv"], epoch=self.thaw_id,
+                ),
                 timeout=None,
-            ),
-        )
-        if fail:
+            )  # fmt: skip
+
+        out = on_all(self.agents, restore)
+        if out.failures:
             # Nodes that did restore must not run a partial job.
-            on_all(
-                [a for a in self.agents if a.name in res],
-                lambda a: a.call("Cancel", {"job_id": self.spec.job_id}),
-            )
+            job = common_pb2.JobRef(job_id=self.spec.job_id)
+            on_all([a for a in self.agents if a.name in out.results],
+                   lambda a: a.stub.Cancel(job, timeout=60))  # fmt: skip
             self._discard(ops)
-            raise next(iter(fail.values()))
-        yield {
-            "event": "done",
-            "job_id": self.spec.job_id,
-            "stats": {
-                "fetch_s": max(fetch_s.values(), default=0.0),
-                "restore_s": time.monotonic() - t1,
-                "total_s": time.monotonic() - t0,
-                "nodes": {n: r for n, r in res.items()},
-            },
-        }
+            out.raise_first()
+        stats = pb.ThawStats(
+            fetch_s=max(fetch_s.values(), default=0.0),
+            restore_s=time.monotonic() - t1,
+            total_s=time.monotonic() - t0,
+            nodes=[
+                pb.NodeThawStats(node=n, restore_s=r.restore_s, resume_s=r.resume_s)
+                for n, r in out.results.items()
+            ],
+        )
+        yield pb.ThawEvent(done=pb.ThawDone(job_id=self.spec.job_id, stats=stats))
 
     def _discard(self, ops: dict[str, str]) -> None:
         on_all(
             [a for a in self.agents if a.name in ops],
-            lambda a: a.call("DiscardFetch", {"op": ops[a.name]}),
+            lambda a: a.stub.DiscardFetch(agent_pb2.FetchRef(op=ops[a.name]), timeout=60),
         )

@@ -2,10 +2,13 @@
 # Sets up a fresh Debian 12 or 13 machine (as root) for snapshotter, idempotently:
 #   system packages (compiler for csrc/, iproute2 for node namespaces),
 #   CRIU >= 4.1 and pycriu (deploy/install-criu.sh),
-#   a virtual environment with snapshotter and, with --with-job-deps, the demo/test job's own
-#   dependencies (the CPU build of torch==2.13.0: the job's dependency, not snapshotter's),
-#   and the sandbox init built from csrc/.
-# Usage: deploy/install.sh [--with-job-deps] [--test-deps]
+#   a virtual environment with snapshotter (versions from constraints.txt) and, with
+#   --with-job-deps, the demo/test job's own dependencies (the CPU build of torch==2.13.0: the
+#   job's dependency, not snapshotter's), the sandbox init built from csrc/, and the
+#   `snapshotter` command on PATH (/usr/local/bin/snapshotter -> the venv's).
+#   --gpu adds the GPU path's dependencies (cuda-python); --systemd installs the units of
+#   deploy/systemd/ and an environment file template (/etc/snapshotter/snapshotter.env).
+# Usage: deploy/install.sh [--with-job-deps] [--test-deps] [--gpu] [--systemd]
 set -euo pipefail
 
 ROOT=$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)
@@ -13,10 +16,14 @@ VENV=${SNAPSHOTTER_VENV:-$ROOT/.venv}
 PY=${PYTHON:-python3}
 JOB_DEPS=0
 TEST_DEPS=0
+GPU=0
+SYSTEMD=0
 for a in "$@"; do
   case "$a" in
     --with-job-deps) JOB_DEPS=1 ;;
     --test-deps) TEST_DEPS=1; JOB_DEPS=1 ;;
+    --gpu) GPU=1 ;;
+    --systemd) SYSTEMD=1 ;;
     *) echo "install.sh: unknown option $a" >&2; exit 2 ;;
   esac
 done
@@ -42,9 +49,12 @@ if [ ! -x "$VENV/bin/python" ]; then
   say "creating virtual environment $VENV with $($PY --version)"
   "$PY" -m venv "$VENV"
 fi
-PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check)
+PIP=("$VENV/bin/python" -m pip install -q --disable-pip-version-check -c "$ROOT/constraints.txt")
+want=()
+[ "$TEST_DEPS" = 1 ] && want+=(test)
+[ "$GPU" = 1 ] && want+=(gpu)
 extras=""
-[ "$TEST_DEPS" = 1 ] && extras="[test]"
+[ ${#want[@]} -gt 0 ] && extras="[$(IFS=,; echo "${want[*]}")]"
 say "installing snapshotter$extras into $VENV"
 "${PIP[@]}" -e "$ROOT$extras"
 if [ "$JOB_DEPS" = 1 ]; then
@@ -57,4 +67,17 @@ bash "$ROOT/deploy/install-criu.sh" --python "$VENV/bin/python"
 
 say "building the sandbox init (csrc/snapinit.c)"
 "$VENV/bin/python" -c "from snapshotter.sandbox.initbin import snapinit_path; print(snapinit_path())"
+
+# The command on PATH, for operators and for the systemd units (which name this path).
+ln -sfn "$VENV/bin/snapshotter" /usr/local/bin/snapshotter
+say "snapshotter $("$VENV/bin/snapshotter" --version | cut -d' ' -f2) at /usr/local/bin/snapshotter"
+
+if [ "$SYSTEMD" = 1 ]; then
+  install -m 0644 "$ROOT"/deploy/systemd/snapshotter-*.service /etc/systemd/system/
+  install -d -m 0700 /etc/snapshotter
+  [ -f /etc/snapshotter/snapshotter.env ] ||
+    install -m 0600 "$ROOT/deploy/systemd/snapshotter.env.example" /etc/snapshotter/snapshotter.env
+  command -v systemctl >/dev/null 2>&1 && systemctl daemon-reload || true
+  say "systemd units installed; edit /etc/snapshotter/snapshotter.env, then enable them"
+fi
 say "done"

@@ -7,13 +7,19 @@ SNAPSHOTTER_STORE    snapshot storage URL: a directory path, file:///path or s3:
 SNAPSHOTTER_COORDINATOR  host:port of a remote coordinator; unset = the embedded local one
 SNAPSHOTTER_PRIVATE_TMP  1 (default): each rank sandbox has its own TMPDIR (a tmpfs dumped with
                      it); 0: ranks share the node's /tmp and keep the caller's TMPDIR
+SNAPSHOTTER_KEEP_JOBS    finished jobs (status, rank logs) a service keeps (default 100)
 """
 
 from __future__ import annotations
 
+import hashlib
 import os
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+
+# sun_path holds 108 bytes; leave room for "/coordinator.sock" and the NUL.
+_MAX_SOCKET_DIR = 88
 
 
 def default_home() -> Path:
@@ -38,6 +44,16 @@ class Paths:
         return self.home / "daemon.log"
 
     @property
+    def run_dir(self) -> Path:
+        """Where the embedded daemon's unix sockets live (0700). A socket path must fit in
+        108 bytes: a deep SNAPSHOTTER_HOME gets a short directory named after it instead."""
+        run = self.home / "run"
+        if len(str(run)) <= _MAX_SOCKET_DIR:
+            return run
+        digest = hashlib.sha256(str(self.home).encode()).hexdigest()[:16]
+        return Path(tempfile.gettempdir()) / f"snapshotter-run-{os.geteuid()}" / digest
+
+    @property
     def default_store(self) -> str:
         return str(self.home / "store")
 
@@ -59,3 +75,22 @@ class Paths:
 
 def store_url(paths: Paths) -> str:
     return os.environ.get("SNAPSHOTTER_STORE") or paths.default_store
+
+
+def keep_jobs() -> int:
+    """SNAPSHOTTER_KEEP_JOBS, the finished jobs a service remembers (default 100).
+
+    Raises: InvalidArgument if it is not a whole number >= 0.
+    """
+    from snapshotter import errors
+
+    raw = os.environ.get("SNAPSHOTTER_KEEP_JOBS", "100")
+    try:
+        n = int(raw)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise errors.InvalidArgument(
+            f"SNAPSHOTTER_KEEP_JOBS={raw!r} is not a whole number >= 0", "fix or unset it"
+        )
+    return n

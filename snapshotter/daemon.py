@@ -1,8 +1,12 @@
 """Service entry points: the coordinator, a node agent, or both (the embedded default).
 
 `python -m snapshotter.daemon embedded --home H` is what the CLI starts in the background when
-no coordinator is configured. It writes `H/daemon.json` (pid and addresses) once both services
-answer, and removes it when it stops (SIGTERM, or the Shutdown call of `snapshotter down`).
+no coordinator is configured: both services in one process, each on a unix socket under
+H/run/ that only root can open. It writes H/daemon.json (pid and addresses) once both answer,
+and removes it when it stops (SIGTERM, or the Shutdown call of `snapshotter down`).
+
+`snapshotter coordinator` and `snapshotter agent` (cli/services.py) call serve_coordinator and
+serve_agent: standalone services on TCP, under the listen policy of rpc/server.py.
 """
 
 from __future__ import annotations
@@ -17,23 +21,27 @@ import socket
 import sys
 import threading
 import time
+from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from coordinator.epoch import take_token
-from coordinator.service import COORDINATOR_SERVICE, Coordinator, coordinator_service
-from snapshotter import errors
+from snapshotter import __version__, errors
+from snapshotter.agent import service as agent_service
+from snapshotter.agent.allow import ExecPolicy
 from snapshotter.agent.fencing import Fence
 from snapshotter.agent.netenv import interface_of, node_network_env
 from snapshotter.agent.node import NodeAgent, NodeSettings
-from snapshotter.agent.service import agent_service
-from snapshotter.config import Paths, default_home, store_url
-from snapshotter.rpc.wire import Client, Server
+from snapshotter.agent.retention import Retention
+from snapshotter.config import Paths, default_home, keep_jobs, store_url
+from snapshotter.coordinator import service as coordinator_service
+from snapshotter.coordinator.core import Coordinator
+from snapshotter.coordinator.epoch import take_token
+from snapshotter.rpc.client import Target, coordinator_client
+from snapshotter.rpc.server import Listen, serve
 from snapshotter.storage.url import open_store
+from snapshotter.v1 import coordinator_pb2
 
-AGENT_SERVICE = "snapshotter.Agent"
 log = logging.getLogger("snapshotter.daemon")
-
 
 # glibc's mallopt parameters (malloc.h).
 _M_MMAP_THRESHOLD = -3
@@ -64,69 +72,73 @@ def _write_atomic(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def _stop_event() -> threading.Event:
+    stop = threading.Event()
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, lambda *_: stop.set())
+    return stop
+
+
 def serve_embedded(paths: Paths, bind_host: str = "127.0.0.1") -> int:
     paths.home.mkdir(parents=True, exist_ok=True)
     url = store_url(paths)
     store = open_store(url)
-    stop = threading.Event()
-
+    stop = _stop_event()
     settings = NodeSettings(
         name=socket.gethostname(),
         paths=paths,
         host=bind_host,
         private_tmp=os.environ.get("SNAPSHOTTER_PRIVATE_TMP", "1") != "0",
+        # Only root reaches the embedded agent (its socket): it may run what root may.
+        policy=ExecPolicy(anything=True),
+        retention=Retention(finished_jobs=keep_jobs()),
     )
     agent = NodeAgent(settings, store)
-    agent_server = Server(f"{bind_host}:0")
-    u, s = agent_service(agent)
-    agent_server.add_service(AGENT_SERVICE, u, s)
+    agent_server = serve(
+        "agent",
+        Listen(f"unix:{paths.run_dir / 'agent.sock'}"),
+        agent_service.register(agent),
+        [agent_service.SERVICE],
+    )
+    coord = Coordinator(
+        store, url, lambda address, name: Target(address, server_name=name),
+        keep_finished_jobs=keep_jobs(),
+    )  # fmt: skip
 
-    coord = Coordinator(store, url)
-    coord_server = Server(f"{bind_host}:0")
-    cu, cs = coordinator_service(coord)
-
-    def shutdown(req: dict[str, Any]) -> dict[str, Any]:
+    def shutdown(force: bool) -> coordinator_pb2.ShutdownReply:
         running = coord.running_jobs()
-        if running and not req.get("force"):
+        if running and not force:
             raise errors.InvalidArgument(
                 f"jobs still running: {', '.join(running)}",
                 "freeze or cancel them first, or `snapshotter down --force` to stop them",
             )
         stop.set()
-        return {"stopping": True, "cancelled": running}
+        return coordinator_pb2.ShutdownReply(stopping=True, cancelled=running)
 
-    coord_server.add_service(COORDINATOR_SERVICE, {**cu, "Shutdown": shutdown}, cs)
-    agent_server.start()
-    coord_server.start()
-    coord.register_agent(agent.settings.name, agent_server.address, bind_host)
-    probe = Client(coord_server.address, COORDINATOR_SERVICE)
-    probe.call("Ping")
-    probe.close()
+    coord_server = serve(
+        "coordinator",
+        Listen(f"unix:{paths.run_dir / 'coordinator.sock'}"),
+        coordinator_service.register(coord, shutdown),
+        [coordinator_service.SERVICE],
+    )
+    coord.register_agent(
+        coordinator_pb2.RegisterAgentRequest(
+            name=settings.name, address=agent_server.address, host=bind_host,
+            incarnation=agent.incarnation, version=__version__,
+        )
+    )  # fmt: skip
     _write_atomic(
         paths.daemon_file,
-        {
-            "pid": os.getpid(),
-            "coordinator": coord_server.address,
-            "agent": agent_server.address,
-            "store": url,
-        },
-    )
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    log.info(
-        "embedded coordinator %s, agent %s, store %s",
-        coord_server.address,
-        agent_server.address,
-        url,
-    )
+        {"pid": os.getpid(), "coordinator": coord_server.address, "agent": agent_server.address,
+         "store": url, "version": __version__},
+    )  # fmt: skip
+    log.info("embedded coordinator %s, agent %s, store %s", coord_server.address,
+             agent_server.address, url)  # fmt: skip
     try:
         stop.wait()
     finally:
         try:
-            if (
-                paths.daemon_file.exists()
-                and json.loads(paths.daemon_file.read_text())["pid"] == os.getpid()
-            ):
+            if json.loads(paths.daemon_file.read_text())["pid"] == os.getpid():
                 paths.daemon_file.unlink()
         except (OSError, ValueError, KeyError):
             pass
@@ -136,132 +148,139 @@ def serve_embedded(paths: Paths, bind_host: str = "127.0.0.1") -> int:
     return 0
 
 
-def _wait_for_signal() -> None:
-    stop = threading.Event()
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
-    stop.wait()
+@dataclass(frozen=True)
+class CoordinatorConfig:
+    listen: Listen
+    store_url: str
+    # How it calls agents: its TLS files (its certificate says role coordinator), or a token
+    # an agent's --tokens file accepts (agents on plaintext loopback).
+    agent_tls: Any = None
+    agent_token: str | None = None
+    agent_ttl: float = 15.0
 
 
-def serve_coordinator(listen: str, url: str, agent_ttl: float = 15.0) -> int:
+def serve_coordinator(cfg: CoordinatorConfig) -> int:
     """A standalone coordinator (`snapshotter coordinator`): agents register with it."""
-    store = open_store(url)
+    store = open_store(cfg.store_url)
     token = take_token(store)  # fails with StorageUnavailable when the store is unreachable
-    coord = Coordinator(store, url, token, agent_ttl=agent_ttl)
-    server = Server(listen)
-    server.add_service(COORDINATOR_SERVICE, *coordinator_service(coord))
-    server.start()
-    log.info("coordinator %s, epoch %s, store %s", server.address, token, url)
+
+    def agent_target(address: str, name: str) -> Target:
+        return Target(address, tls=cfg.agent_tls, server_name=name, token=cfg.agent_token,
+                      fence=token)  # fmt: skip
+
+    coord = Coordinator(store, cfg.store_url, agent_target, token, agent_ttl=cfg.agent_ttl,
+                        keep_finished_jobs=keep_jobs())  # fmt: skip
+    stop = _stop_event()
+    server = serve(
+        "coordinator",
+        cfg.listen,
+        coordinator_service.register(coord),
+        [coordinator_service.SERVICE],
+    )
+    log.info("coordinator %s, epoch %s, store %s", server.address, token, cfg.store_url)
     print(json.dumps({"coordinator": server.address, "fence": list(token)}), flush=True)
     try:
-        _wait_for_signal()
+        stop.wait()
     finally:
         server.stop(2)
     return 0
 
 
-def serve_agent(
-    paths: Paths,
-    listen: str,
-    coordinator: str,
-    name: str,
-    url: str,
-    env_overrides: dict[str, str],
-    heartbeat_s: float = 2.0,
-    freeze_lease_s: float = 60.0,
-) -> int:
-    """A standalone node agent (`snapshotter agent`), registered with `coordinator` and kept
+@dataclass(frozen=True)
+class AgentConfig:
+    paths: Paths
+    listen: Listen
+    coordinator: Target
+    name: str
+    store_url: str
+    env_overrides: dict[str, str] = field(default_factory=dict)
+    heartbeat_s: float = 2.0
+    freeze_lease_s: float = 60.0
+    policy: ExecPolicy = field(default_factory=ExecPolicy.default)
+
+
+def serve_agent(cfg: AgentConfig) -> int:
+    """A standalone node agent (`snapshotter agent`), registered with its coordinator and kept
     registered by a heartbeat (a restarted coordinator re-learns this node and its jobs)."""
-    paths.home.mkdir(parents=True, exist_ok=True)
-    host = listen.rsplit(":", 1)[0]
+    cfg.paths.home.mkdir(parents=True, exist_ok=True)
+    host = cfg.listen.host
     settings = NodeSettings(
-        name=name,
-        paths=paths,
+        name=cfg.name,
+        paths=cfg.paths,
         host=host,
-        network_env=tuple(sorted(node_network_env(interface_of(host), env_overrides).items())),
+        network_env=tuple(sorted(node_network_env(interface_of(host), cfg.env_overrides).items())),
         private_tmp=os.environ.get("SNAPSHOTTER_PRIVATE_TMP", "1") != "0",
-        freeze_lease_s=freeze_lease_s,
+        freeze_lease_s=cfg.freeze_lease_s,
+        policy=cfg.policy,
+        retention=Retention(finished_jobs=keep_jobs()),
     )
-    agent = NodeAgent(settings, open_store(url))
-    fence = Fence(on_newer=agent.expire_freezes)
-    server = Server(listen)
-    server.add_service(AGENT_SERVICE, *agent_service(agent, fence))
-    server.start()
-    coord = Client(coordinator, COORDINATOR_SERVICE)
-    stop = threading.Event()
-    incarnation = agent.incarnation
+    agent = NodeAgent(settings, open_store(cfg.store_url))
+    fence = Fence(on_newer=agent.freezes.expire_all)
+    stop = _stop_event()
+    server = serve(
+        "agent",
+        cfg.listen,
+        agent_service.register(agent),
+        [agent_service.SERVICE],
+        extra_check=agent_service.fence_check(fence),
+    )
+    coord = coordinator_client(cfg.coordinator, peer="agent")
+    req = coordinator_pb2.RegisterAgentRequest(
+        name=cfg.name, address=server.address, host=host, heartbeat=True,
+        incarnation=agent.incarnation, version=__version__,
+    )  # fmt: skip
 
     def heartbeat() -> None:
         down_since: float | None = None
         while not stop.is_set():
             try:
-                reply = coord.call(
-                    "RegisterAgent",
-                    {"name": name, "address": server.address, "host": host, "heartbeat": True,
-                     "incarnation": incarnation},  # fmt: skip
-                    timeout=10,
-                )
+                reply = coord.stub.RegisterAgent(req, timeout=10)
                 if down_since is not None:
-                    log.info("coordinator %s is back", coordinator)
+                    log.info("coordinator %s is back", cfg.coordinator.address)
                 down_since = None
-                if reply.get("fence"):
-                    try:
-                        fence.check(reply["fence"])  # learn a newer coordinator's token early
+                if reply.HasField("fence"):
+                    try:  # learn a newer coordinator's token early
+                        fence.check([reply.fence.epoch, reply.fence.id])
                     except errors.Fenced:
                         pass  # an older coordinator answered: its calls stay refused
             except errors.SnapshotterError as e:
                 if down_since is None:
                     down_since = time.monotonic()
-                    log.warning("coordinator %s unreachable (%s); retrying", coordinator, e)
-            stop.wait(heartbeat_s)
+                    log.warning("coordinator %s: %s; retrying", cfg.coordinator.address, e)
+            stop.wait(cfg.heartbeat_s)
 
     threading.Thread(target=heartbeat, daemon=True, name="heartbeat").start()
-    log.info("agent %s on %s (ranks' network env %s)", name, server.address, settings.network_env)
-    print(json.dumps({"agent": name, "address": server.address}), flush=True)
+    log.info("agent %s on %s (ranks' network env %s)", cfg.name, server.address,
+             settings.network_env)  # fmt: skip
+    print(json.dumps({"agent": cfg.name, "address": server.address}), flush=True)
     try:
-        _wait_for_signal()
+        stop.wait()
     finally:
-        stop.set()
         agent.shutdown()
         server.stop(2)
+        coord.close()
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="snapshotter-daemon")
-    ap.add_argument("mode", choices=["embedded", "coordinator", "agent"])
-    ap.add_argument("--home", default=None)
-    ap.add_argument("--bind-host", default="127.0.0.1")
-    ap.add_argument("--listen", default=None, help="host:port to serve on")
-    ap.add_argument("--store", default=None, help="snapshot store URL")
-    ap.add_argument("--coordinator", default=None, help="host:port of the coordinator")
-    ap.add_argument("--name", default=None, help="this node's name")
-    ap.add_argument("--env", action="append", default=[], help="KEY=VALUE for this node's ranks")
-    ap.add_argument("--heartbeat", type=float, default=2.0)
-    ap.add_argument("--freeze-lease", type=float, default=60.0)
-    ap.add_argument("--agent-ttl", type=float, default=15.0)
-    a = ap.parse_args(argv)
+def setup_logging() -> None:
     logging.basicConfig(
         level=logging.INFO,
         format="%(asctime)s %(levelname)s %(name)s: %(message)s",
         stream=sys.stderr,
     )
-    paths = Paths(Path(a.home).resolve() if a.home else default_home())
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="snapshotter-daemon")
+    ap.add_argument("mode", choices=["embedded"])
+    ap.add_argument("--home", default=None)
+    ap.add_argument("--bind-host", default="127.0.0.1")
+    a = ap.parse_args(argv)
+    setup_logging()
     bound_malloc()
+    paths = Paths(Path(a.home).resolve() if a.home else default_home())
     try:
-        if a.mode == "embedded":
-            return serve_embedded(paths, a.bind_host)
-        url = a.store or store_url(paths)
-        if a.mode == "coordinator":
-            return serve_coordinator(a.listen or "0.0.0.0:7070", url, a.agent_ttl)
-        if not a.coordinator:
-            raise errors.InvalidArgument("an agent needs --coordinator HOST:PORT",
-                                         "pass the coordinator's address")
-        overrides = dict(kv.split("=", 1) for kv in a.env)
-        return serve_agent(
-            paths, a.listen or f"{a.bind_host}:0", a.coordinator,
-            a.name or socket.gethostname(), url, overrides, a.heartbeat, a.freeze_lease,
-        )  # fmt: skip
+        return serve_embedded(paths, a.bind_host)
     except errors.SnapshotterError as e:
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code

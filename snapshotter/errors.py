@@ -7,27 +7,49 @@ cause survives. Nothing here does I/O.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
+from collections.abc import Mapping, Sequence
+from typing import Any
 
 
 class SnapshotterError(Exception):
-    """Base of every error snapshotter reports to a user."""
+    """Base of every error snapshotter reports to a user.
+
+    A subclass with fields of its own (a log path, a job id) lists them in `fields`: they
+    travel with the error (to_dict/from_dict, and across gRPC as a typed status detail) so
+    the receiving side rebuilds the same error with everything it carried.
+    """
 
     exit_code = 1
     code = "error"
+    fields: tuple[str, ...] = ()
 
     def __init__(self, cause: str, next_step: str = "") -> None:
         super().__init__(cause)
         self.cause = cause
         self.next_step = next_step
 
+    def __init_subclass__(cls, **kwargs: object) -> None:
+        super().__init_subclass__(**kwargs)
+        _BY_CODE[cls.code] = cls
+
     def __str__(self) -> str:
         if self.next_step:
             return f"{self.cause}\n  next step: {self.next_step}"
         return self.cause
 
-    def to_dict(self) -> dict[str, str]:
-        return {"code": self.code, "cause": self.cause, "next_step": self.next_step}
+    def field_values(self) -> dict[str, object]:
+        return {f: getattr(self, f, None) for f in self.fields}
+
+    def to_dict(self) -> dict[str, object]:
+        return {
+            "code": self.code,
+            "cause": self.cause,
+            "next_step": self.next_step,
+            **({"fields": self.field_values()} if self.fields else {}),
+        }
+
+
+_BY_CODE: dict[str, type[SnapshotterError]] = {"error": SnapshotterError}
 
 
 class InvalidArgument(SnapshotterError):
@@ -38,6 +60,7 @@ class InvalidArgument(SnapshotterError):
 class JobNotFound(SnapshotterError):
     exit_code = 3
     code = "job_not_found"
+    fields = ("job_id",)
 
     def __init__(self, job_id: str) -> None:
         super().__init__(
@@ -50,6 +73,7 @@ class JobNotFound(SnapshotterError):
 class SnapshotNotFound(SnapshotterError):
     exit_code = 3
     code = "snapshot_not_found"
+    fields = ("snapshot_id",)
 
     def __init__(self, snapshot_id: str, where: str = "") -> None:
         loc = f" in {where}" if where else ""
@@ -107,6 +131,7 @@ class CriuFailed(SnapshotterError):
 
     exit_code = 10
     code = "criu_failed"
+    fields = ("action", "log_path", "tail")
 
     def __init__(
         self, action: str, log_path: str, tail: Sequence[str], next_step: str = ""
@@ -138,23 +163,15 @@ class Internal(SnapshotterError):
     code = "internal"
 
 
-_BY_CODE: dict[str, type[SnapshotterError]] = {}
-
-
-def _register(cls: type[SnapshotterError]) -> None:
-    _BY_CODE[cls.code] = cls
-    for sub in cls.__subclasses__():
-        _register(sub)
-
-
-_register(SnapshotterError)
-
-
-def from_dict(d: dict[str, str]) -> SnapshotterError:
-    """Rebuild an error sent over the wire as `to_dict()` (type kept, message kept)."""
-    cls = _BY_CODE.get(d.get("code", ""), SnapshotterError)
+def from_dict(d: Mapping[str, Any]) -> SnapshotterError:
+    """Rebuild an error sent as `to_dict()`: same class, message, next step and fields (an
+    unknown code, from a newer peer, becomes the base class with the same text)."""
+    cls = _BY_CODE.get(str(d.get("code", "")), SnapshotterError)
     err = SnapshotterError.__new__(cls)
-    SnapshotterError.__init__(err, d.get("cause", ""), d.get("next_step", ""))
+    SnapshotterError.__init__(err, str(d.get("cause", "")), str(d.get("next_step", "")))
+    values = d.get("fields") or {}
+    for name in cls.fields:
+        setattr(err, name, values.get(name) if isinstance(values, Mapping) else None)
     return err
 
 
@@ -165,13 +182,11 @@ class SandboxError(SnapshotterError):
     code = "sandbox_failed"
 
 
-_register(SandboxError)
-
-
 class GpuDriverError(GpuCheckpointError):
     """A CUDA checkpoint driver call failed; carries the CUresult name (e.g. CUDA_ERROR_TIMEOUT)."""
 
     code = "gpu_driver_error"
+    fields = ("op", "pid", "result")
 
     def __init__(self, op: str, pid: int, result: str, next_step: str = "") -> None:
         super().__init__(
@@ -195,14 +210,48 @@ class GpuRemapRefused(GpuCheckpointError):
     code = "gpu_remap_refused"
 
 
-for _cls in (GpuDriverError, GpuLockTimeout, GpuRemapRefused):
-    _register(_cls)
-
-
 class Fenced(ServiceUnavailable):
     """A coordinator acted after a newer one took over (its fencing token is stale)."""
 
     code = "fenced"
 
 
-_register(Fenced)
+
+
+class Unauthenticated(SnapshotterError):
+    """The caller presented no credential the service accepts (or a stale or forged one)."""
+
+    exit_code = 14
+    code = "unauthenticated"
+
+
+class PermissionDenied(SnapshotterError):
+    """The caller is known, but its role lacks the right the call needs."""
+
+    exit_code = 14
+    code = "permission_denied"
+    fields = ("right", "identity")
+
+    def __init__(self, cause: str, next_step: str, right: str = "", identity: str = "") -> None:
+        super().__init__(cause, next_step)
+        self.right = right
+        self.identity = identity
+
+
+class VersionMismatch(SnapshotterError):
+    """The CLI, the coordinator or an agent run another release than their peer."""
+
+    exit_code = 15
+    code = "version_mismatch"
+    fields = ("server_version", "client_version")
+
+    def __init__(
+        self, server: str, server_version: str, client: str, client_version: str
+    ) -> None:
+        super().__init__(
+            f"version mismatch: {server} v{server_version}, {client} v{client_version}",
+            "run the same snapshotter release on the CLI, the coordinator and every agent "
+            "(`snapshotter --version` on each)",
+        )
+        self.server_version = server_version
+        self.client_version = client_version

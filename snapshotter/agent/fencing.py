@@ -18,12 +18,19 @@ from snapshotter import errors
 Token = tuple[int, str]
 
 
-def as_token(raw: Sequence[object] | None) -> Token | None:
+def as_token(raw: Sequence[object] | str | None) -> Token | None:
+    """A token from `[epoch, id]` or from the `snapshotter-fence` metadata "EPOCH:ID"."""
     if raw is None:
         return None
-    if len(raw) != 2:
-        raise errors.InvalidArgument(f"malformed fencing token {raw!r}", "upgrade the coordinator")
-    return int(raw[0]), str(raw[1])  # type: ignore[call-overload]
+    parts: Sequence[object] = raw.split(":", 1) if isinstance(raw, str) else raw
+    try:
+        if len(parts) != 2:
+            raise ValueError("needs two parts")
+        return int(str(parts[0])), str(parts[1])
+    except ValueError as e:
+        raise errors.InvalidArgument(
+            f"malformed fencing token {raw!r}: {e}", "upgrade the coordinator"
+        ) from e
 
 
 def admits(highest: Token | None, token: Token | None) -> bool:
@@ -47,7 +54,7 @@ class Fence:
         with self._lock:
             return self._highest
 
-    def check(self, raw: Sequence[object] | None) -> None:
+    def check(self, raw: Sequence[object] | str | None) -> None:
         """Admit the call (raising the bar to its token) or raise Fenced."""
         token = as_token(raw)
         with self._lock:

@@ -1,13 +1,5 @@
-"""The agent's end of one rank's control channel (two pipes, newline-delimited JSON).
-
-Protocol (the rank side is snapshotter/hook/control.py):
-    prepare{freeze}             -> counts{freeze, counts{group: issued}}
-    park{freeze, targets}       -> parked{freeze, at}
-    suspend{freeze}             -> suspended{freeze}     (rank holds no sockets after this)
-    resume{freeze, store, epoch, env} -> resumed{freeze}
-    abort{freeze}               -> aborted{freeze}
-    ping                        -> pong{pid, rank}
-    any                         -> error{freeze, message}
+"""The agent's end of one rank's control channel (two pipes; the line protocol is
+snapshotter/hook/protocol.py, shared with the rank's hook).
 
 Replies are matched by op and freeze id; stale replies of an earlier freeze are dropped. This
 object never blocks the caller for longer than the timeout it is given.
@@ -15,16 +7,14 @@ object never blocks the caller for longer than the timeout it is given.
 
 from __future__ import annotations
 
-import json
 import os
 import queue
 import threading
 import time
-from typing import Any
 
 from snapshotter import errors
-
-Msg = dict[str, Any]
+from snapshotter.hook import protocol
+from snapshotter.hook.protocol import Msg
 
 
 class RankChannel:
@@ -43,7 +33,7 @@ class RankChannel:
         self._reader.start()
 
     def _read_loop(self) -> None:
-        buf = b""
+        decoder = protocol.LineDecoder()
         try:
             while True:
                 try:
@@ -53,19 +43,16 @@ class RankChannel:
                 if not data:
                     self._replies.put(None)
                     return
-                buf += data
-                while b"\n" in buf:
-                    line, buf = buf.split(b"\n", 1)
-                    if line.strip():
-                        try:
-                            self._replies.put(json.loads(line))
-                        except ValueError:
-                            continue
+                for line in decoder.feed(data):
+                    try:
+                        self._replies.put(protocol.decode(line))
+                    except protocol.ProtocolError:
+                        continue  # not ours to act on; the matching reply will come or not
         finally:
             os.close(self._in)
 
     def send(self, msg: Msg) -> None:
-        data = (json.dumps(msg) + "\n").encode()
+        data = protocol.encode(msg)
         with self._send_lock:
             if self._closed:
                 raise errors.FreezeFailed(
@@ -103,7 +90,7 @@ class RankChannel:
                 )
             if freeze is not None and msg.get("freeze") not in (None, freeze):
                 continue  # stale reply of an earlier operation
-            if msg.get("op") == "error":
+            if msg.get("op") == protocol.ERROR:
                 raise errors.FreezeFailed(
                     f"rank {self.rank} reported: {msg.get('message', '?')}",
                     "see `snapshotter logs`; the freeze was undone",
@@ -111,9 +98,10 @@ class RankChannel:
             if msg.get("op") == op:
                 return msg
 
-    def request(self, msg: Msg, reply_op: str, timeout: float) -> Msg:
+    def request(self, msg: Msg, timeout: float) -> Msg:
+        """Send a command (built with snapshotter.hook.protocol) and wait for its reply."""
         self.send(msg)
-        return self.expect(reply_op, msg.get("freeze"), timeout)
+        return self.expect(protocol.REPLY_TO[msg["op"]], msg.get("freeze"), timeout)
 
     def drain(self) -> None:
         """Drop replies left from an earlier operation."""

@@ -1,8 +1,9 @@
-"""The ranks of one job on this node: their sandboxes, control channels, logs and exit codes.
+"""The ranks of one job on this node, and the agent's table of jobs.
 
 A `NodeJob` is created either by a launch (fresh sandboxes) or by a thaw (restored sandboxes);
 from then on both are handled alike. Fail-fast like torchrun: when one rank fails, the others
-are terminated. A job stopped by a freeze is FROZEN, not FAILED.
+are terminated. A job stopped by a freeze is FROZEN, not FAILED. Every step the agent takes on
+a job's ranks fans out through `NodeJob.each` (one thread per rank, up to a bound).
 """
 
 from __future__ import annotations
@@ -14,16 +15,20 @@ import threading
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
-from typing import Any
+from typing import TypeVar
 
+from snapshotter import errors, parallel
+from snapshotter.agent import retention
 from snapshotter.agent.logs import LogPump
 from snapshotter.agent.rankctl import RankChannel
-from snapshotter.agent.storeserver import StoreServer
-from snapshotter.launch.env import RankPlacement, StoreAddress
+from snapshotter.agent.rdzv import RdzvServer
+from snapshotter.launch.env import RankPlacement, RdzvAddress
 from snapshotter.launch.spec import JobSpec
 from snapshotter.sandbox.spawn import Sandbox
+from snapshotter.v1 import agent_pb2, common_pb2
 
 log = logging.getLogger(__name__)
+R = TypeVar("R")
 
 
 class NodeJobState(enum.Enum):
@@ -84,10 +89,10 @@ class RankRuntime:
 class NodeJob:
     spec: JobSpec
     node_rank: int
-    # The job's rendezvous store: hosted by node 0's agent (`store` is set there only); every
-    # node's ranks reach it at `store_address`.
-    store: StoreServer | None
-    remote_store: StoreAddress | None = None
+    # The job's rendezvous server: hosted by node 0's agent (`rdzv` is set there only); every
+    # node's ranks reach it at `rdzv_address`.
+    rdzv: RdzvServer | None
+    remote_rdzv: RdzvAddress | None = None
     ranks: list[RankRuntime] = field(default_factory=list)
     state: NodeJobState = NodeJobState.RUNNING
     started: float = field(default_factory=time.time)
@@ -139,8 +144,8 @@ class NodeJob:
         """Release what the ranks and the store hold (every rank has exited)."""
         for r in self.ranks:
             r.close()
-        if self.store is not None:
-            self.store.stop()
+        if self.rdzv is not None:
+            self.rdzv.stop()
 
     def _signal_alive(self, sig: int) -> None:
         for r in self.ranks:
@@ -180,30 +185,128 @@ class NodeJob:
         return True
 
     @property
-    def store_address(self) -> StoreAddress:
-        if self.store is not None:
-            return self.store.address
-        assert self.remote_store is not None, "a job has a store of its own or node 0's"
-        return self.remote_store
+    def rdzv_address(self) -> RdzvAddress:
+        if self.rdzv is not None:
+            return self.rdzv.address
+        assert self.remote_rdzv is not None, "a job has a rendezvous server or node 0's"
+        return self.remote_rdzv
 
     def alive_ranks(self) -> list[RankRuntime]:
         return [r for r in self.ranks if r.exit_code is None]
 
-    def describe(self) -> dict[str, Any]:
-        return {
-            "job_id": self.spec.job_id,
-            "node_rank": self.node_rank,
-            "state": self.state.value,
-            "store": {"host": self.store_address.host, "port": self.store_address.port},
-            "started": self.started,
-            "ended": self.ended,
-            "ranks": [
-                {
-                    "rank": r.rank,
-                    "local_rank": r.placement.local_rank,
-                    "pid": r.sandbox.pid,
-                    "exit_code": r.exit_code,
-                }
+    def each(self, fn: Callable[[RankRuntime], R], workers: int) -> dict[int, R]:
+        """`fn` on every rank at once; results by rank, or the first failure raised.
+
+        Raises:
+            FreezeFailed: a rank has already exited (a job with dead ranks cannot be frozen).
+        """
+        ranks = self.alive_ranks()
+        if len(ranks) != len(self.ranks):
+            gone = [r.rank for r in self.ranks if r.exit_code is not None]
+            raise errors.FreezeFailed(
+                f"rank(s) {gone} of job {self.spec.job_id} have exited",
+                "see `snapshotter logs`; a job with dead ranks cannot be frozen",
+            )
+        out = parallel.each(ranks, fn, key=lambda r: r.rank, workers=workers, name="rank")
+        out.raise_first()
+        return out.results
+
+    def to_proto(self, with_spec: bool = False) -> agent_pb2.NodeJob:
+        addr = self.rdzv_address
+        m = agent_pb2.NodeJob(
+            job_id=self.spec.job_id,
+            node_rank=self.node_rank,
+            state=self.state.value,
+            rdzv=common_pb2.Endpoint(host=addr.host, port=addr.port),
+            started=self.started,
+            ranks=[
+                common_pb2.RankState(
+                    rank=r.rank,
+                    local_rank=r.placement.local_rank,
+                    pid=r.sandbox.pid,
+                    exit_code=r.exit_code,
+                )  # fmt: skip
                 for r in self.ranks
             ],
-        }
+        )
+        if self.ended is not None:
+            m.ended = self.ended
+        if with_spec:
+            m.spec.CopyFrom(self.spec.to_proto())
+        return m
+
+
+class JobTable:
+    """The jobs this agent holds, and the launches in progress (which a Cancel may stop)."""
+
+    def __init__(self, node: str) -> None:
+        self.node = node
+        self._lock = threading.Lock()
+        self._jobs: dict[str, NodeJob] = {}
+        self._launching: dict[str, threading.Event] = {}
+
+    def get(self, job_id: str) -> NodeJob:
+        with self._lock:
+            j = self._jobs.get(job_id)
+        if j is None:
+            raise errors.JobNotFound(job_id)
+        return j
+
+    def running(self, job_id: str) -> NodeJob:
+        j = self.get(job_id)
+        if j.state is not NodeJobState.RUNNING:
+            raise errors.JobNotRunning(
+                f"job {job_id} is {j.state.value}, not running",
+                "only a running job can be frozen; `snapshotter list` shows its snapshots",
+            )
+        return j
+
+    def _live(self, job_id: str) -> bool:
+        old = self._jobs.get(job_id)
+        return (old is not None and not old.state.terminal) or job_id in self._launching
+
+    def begin_launch(self, job_id: str) -> threading.Event:
+        """Reserve `job_id` for a launch or restore; the event is set by a Cancel meanwhile.
+
+        Raises: InvalidArgument if the job already runs here.
+        """
+        with self._lock:
+            if self._live(job_id):
+                raise errors.InvalidArgument(
+                    f"job {job_id} is already running on node {self.node}",
+                    "choose another --job-id",
+                )
+            cancelled = threading.Event()
+            self._launching[job_id] = cancelled
+            return cancelled
+
+    def end_launch(self, job_id: str, job: NodeJob | None) -> None:
+        """The launch is over: `job` (None: it failed) now holds the id."""
+        with self._lock:
+            self._launching.pop(job_id, None)
+            if job is not None:
+                self._jobs[job_id] = job
+
+    def cancel_launch(self, job_id: str) -> bool:
+        with self._lock:
+            ev = self._launching.get(job_id)
+        if ev is not None:
+            ev.set()
+        return ev is not None
+
+    def all(self) -> list[NodeJob]:
+        with self._lock:
+            return list(self._jobs.values())
+
+    def running_ids(self) -> list[str]:
+        return [j.spec.job_id for j in self.all() if not j.state.terminal]
+
+    def forget_finished(self, keep: int, max_age_s: float) -> list[str]:
+        """Forget old finished jobs (agent/retention.py); return their ids."""
+        wall = time.time()
+        with self._lock:
+            finished = {j: job.ended or wall for j, job in self._jobs.items() if job.state.terminal}
+            gone = retention.jobs_to_forget(finished, wall, keep, max_age_s)
+            for j in gone:
+                del self._jobs[j]
+            return [j for j in gone if not self._live(j)]

@@ -1,106 +1,138 @@
-"""The node agent's gRPC surface: the method tables the transport serves.
-
-Only request decoding lives here; every decision and effect is in NodeAgent (node.py).
+"""The node agent's gRPC surface (snapshotter.v1.Agent): requests in, NodeAgent calls, replies
+out. Every decision and effect is in the agent's parts (node.py); the checks every call passes
+(version, identity, right) are in snapshotter/rpc/server.py, fencing here.
 """
 
 from __future__ import annotations
 
-import os
-from collections.abc import Callable
+from collections.abc import Iterator, Mapping
 from typing import Any
 
+from snapshotter import errors
 from snapshotter.agent.fencing import Fence
 from snapshotter.agent.node import NodeAgent
-from snapshotter.launch.env import StoreAddress
+from snapshotter.launch.env import RdzvAddress
 from snapshotter.launch.spec import JobSpec
+from snapshotter.rpc import auth
+from snapshotter.rpc.client import FENCE_KEY
+from snapshotter.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
-Msg = dict[str, Any]
+SERVICE = agent_pb2.DESCRIPTOR.services_by_name["Agent"].full_name
 
-# Calls that change what runs on the node: only the newest coordinator may make them.
-FENCED = frozenset({
-    "OpenStore", "CloseStore", "Launch", "Prepare", "Park", "Suspend", "Abort", "Dump",
-    "Resume", "DiscardUpload", "FinishFreeze", "Cancel", "DiscardFetch", "Restore", "Upload",
-    "Fetch", "KeepFreeze",
-})  # fmt: skip
-
-
-def agent_service(
-    agent: NodeAgent, fence: Fence | None = None
-) -> tuple[dict[str, Any], dict[str, Any]]:
-    """The agent's gRPC surface: unary and streaming method tables. With a `fence`, calls in
-    FENCED must carry a fencing token no older than the newest seen (agent/fencing.py)."""
-
-    def spec_of(req: Msg) -> JobSpec:
-        return JobSpec.from_dict(req["spec"])
-
-    def store_of(req: Msg) -> StoreAddress | None:
-        s = req.get("store")
-        return None if not s else StoreAddress(host=str(s["host"]), port=int(s["port"]))
-
-    unary = {
-        "Ping": lambda req: {
-            "node": agent.settings.name,
-            "pid": os.getpid(),
-            "host": agent.settings.host,
-            "incarnation": agent.incarnation,
-            "resources": agent.resources().to_dict(),
-            "running_jobs": agent.running_jobs(),
-        },
-        "OpenStore": lambda req: agent.open_store(
-            req["job_id"], req["python"], dict(req.get("env", {}))
-        ),
-        "CloseStore": lambda req: agent.close_store(req["job_id"]),
-        "Launch": lambda req: agent.launch(
-            spec_of(req), int(req.get("node_rank", 0)), store_of(req)
-        ),
-        "Prepare": lambda req: agent.prepare(
-            req["job_id"], req["freeze_id"], float(req["timeout"])
-        ),
-        "Park": lambda req: agent.park(
-            req["job_id"], req["freeze_id"], dict(req["targets"]), float(req["timeout"])
-        ),
-        "Suspend": lambda req: agent.suspend(
-            req["job_id"], req["freeze_id"], float(req["timeout"])
-        ),
-        "Abort": lambda req: agent.abort(req["job_id"], req["freeze_id"]),
-        "KeepFreeze": lambda req: agent.keep_freeze(req["job_id"], req["freeze_id"]),
-        "Dump": lambda req: agent.dump(req["job_id"], req["freeze_id"]),
-        "Resume": lambda req: agent.resume(req["job_id"], req["freeze_id"], float(req["timeout"])),
-        "DiscardUpload": lambda req: agent.discard_upload(req["job_id"], req["freeze_id"]),
-        "FinishFreeze": lambda req: agent.finish_freeze(
-            req["job_id"], req["freeze_id"], bool(req["stop"])
-        ),
-        "Status": lambda req: agent.status(req["job_id"]),
-        "Jobs": lambda req: agent.jobs(),
-        "Wait": lambda req: agent.wait(req["job_id"], float(req.get("timeout", 10))),
-        "Cancel": lambda req: agent.cancel(req["job_id"]),
-        "DiscardFetch": lambda req: agent.discard_fetch(req["op"]),
-        "Restore": lambda req: agent.restore(
-            req["op"],
-            spec_of(req),
-            list(req["ranks"]),
-            int(req.get("node_rank", 0)),
-            float(req.get("timeout", 120)),
-            store_of(req),
-            req.get("epoch"),
-        ),
-    }
-    streaming = {
-        "Upload": lambda req: agent.upload(req["job_id"], req["freeze_id"], req["snapshot_id"]),
-        "Fetch": lambda req: agent.fetch(req["snapshot_id"], list(req["streams"])),
-        "Logs": lambda req: agent.logs(
-            req["job_id"], req.get("rank"), int(req.get("offset", 0)), bool(req.get("follow"))
-        ),
-    }
-    if fence is not None:
-        unary = {k: _fenced(fence, fn) if k in FENCED else fn for k, fn in unary.items()}
-        streaming = {k: _fenced(fence, fn) if k in FENCED else fn for k, fn in streaming.items()}
-    return unary, streaming
+# What only the coordinator may call (the DRIVE right) is fenced: only the newest coordinator
+# may make those calls (a restarted one always holds the newest token, also for Jobs, the
+# first call it makes). The rights come from the .proto; no method is named here.
+FENCED = frozenset(m for m, right in auth.method_rights().items() if right == auth.Right.DRIVE)
 
 
-def _fenced(fence: Fence, fn: Callable[[Msg], Any]) -> Callable[[Msg], Any]:
-    def call(req: Msg) -> Any:
-        fence.check(req.get("fence"))
-        return fn(req)
+def fence_check(fence: Fence) -> Any:
+    def check(method: str, metadata: Mapping[str, str]) -> None:
+        if method in FENCED:
+            fence.check(metadata.get(FENCE_KEY))
 
-    return call
+    return check
+
+
+def _rdzv(m: agent_pb2.LaunchRequest | agent_pb2.RestoreRequest) -> RdzvAddress | None:
+    return RdzvAddress(m.rdzv.host, m.rdzv.port) if m.HasField("rdzv") else None
+
+
+def _timeout(t: float, default: float) -> float:
+    if t < 0:
+        raise errors.InvalidArgument(f"timeout {t} must not be negative", "pass seconds >= 0")
+    return t or default
+
+
+class AgentService(agent_pb2_grpc.AgentServicer):
+    def __init__(self, agent: NodeAgent) -> None:
+        self.agent = agent
+
+    def Ping(self, req: common_pb2.Empty, ctx: Any) -> common_pb2.AgentInfo:
+        return self.agent.info()
+
+    def OpenRdzv(self, req: agent_pb2.OpenRdzvRequest, ctx: Any) -> common_pb2.Endpoint:
+        addr = self.agent.rdzv.open(req.job_id, req.python, dict(req.env))
+        return common_pb2.Endpoint(host=addr.host, port=addr.port)
+
+    def CloseRdzv(self, req: common_pb2.JobRef, ctx: Any) -> common_pb2.Empty:
+        self.agent.rdzv.close(req.job_id)
+        return common_pb2.Empty()
+
+    def Launch(self, req: agent_pb2.LaunchRequest, ctx: Any) -> agent_pb2.NodeJob:
+        spec = JobSpec.from_proto(req.spec)
+        return self.agent.launcher.launch(spec, req.node_rank, _rdzv(req)).to_proto()
+
+    def Prepare(self, req: agent_pb2.PrepareRequest, ctx: Any) -> agent_pb2.PrepareReply:
+        return self.agent.freezes.prepare(req.job_id, req.freeze_id, _timeout(req.timeout_s, 30))
+
+    def Park(self, req: agent_pb2.ParkRequest, ctx: Any) -> agent_pb2.ParkReply:
+        return self.agent.freezes.park(
+            req.job_id, req.freeze_id, dict(req.targets), _timeout(req.timeout_s, 60)
+        )
+
+    def Suspend(self, req: agent_pb2.PhaseRequest, ctx: Any) -> common_pb2.Empty:
+        self.agent.freezes.suspend(req.job_id, req.freeze_id, _timeout(req.timeout_s, 60))
+        return common_pb2.Empty()
+
+    def Abort(self, req: agent_pb2.FreezeRef, ctx: Any) -> agent_pb2.AbortReply:
+        return self.agent.freezes.abort(req.job_id, req.freeze_id)
+
+    def KeepFreeze(self, req: agent_pb2.FreezeRef, ctx: Any) -> agent_pb2.KeepFreezeReply:
+        return agent_pb2.KeepFreezeReply(known=self.agent.freezes.keep(req.freeze_id))
+
+    def Dump(self, req: agent_pb2.FreezeRef, ctx: Any) -> agent_pb2.DumpReply:
+        return self.agent.freezes.dump(req.job_id, req.freeze_id)
+
+    def Resume(self, req: agent_pb2.PhaseRequest, ctx: Any) -> common_pb2.Empty:
+        self.agent.freezes.resume(req.job_id, req.freeze_id, _timeout(req.timeout_s, 120))
+        return common_pb2.Empty()
+
+    def Upload(self, req: agent_pb2.UploadRequest, ctx: Any) -> Iterator[agent_pb2.UploadEvent]:
+        return self.agent.freezes.upload(req.job_id, req.freeze_id, req.snapshot_id)
+
+    def DiscardUpload(self, req: agent_pb2.FreezeRef, ctx: Any) -> common_pb2.Empty:
+        self.agent.freezes.discard_upload(req.freeze_id)
+        return common_pb2.Empty()
+
+    def FinishFreeze(self, req: agent_pb2.FinishFreezeRequest, ctx: Any) -> agent_pb2.NodeJob:
+        return self.agent.freezes.finish(req.job_id, req.freeze_id, req.stop).to_proto()
+
+    def Fetch(self, req: agent_pb2.FetchRequest, ctx: Any) -> Iterator[agent_pb2.FetchEvent]:
+        return self.agent.thaws.fetch(req.snapshot_id, list(req.streams))
+
+    def DiscardFetch(self, req: agent_pb2.FetchRef, ctx: Any) -> common_pb2.Empty:
+        self.agent.thaws.discard(req.op)
+        return common_pb2.Empty()
+
+    def Restore(self, req: agent_pb2.RestoreRequest, ctx: Any) -> agent_pb2.RestoreReply:
+        return self.agent.thaws.restore(
+            req.op, JobSpec.from_proto(req.spec), list(req.ranks), req.node_rank,
+            _timeout(req.timeout_s, 120), _rdzv(req), req.epoch,
+        )  # fmt: skip
+
+    def Status(self, req: common_pb2.JobRef, ctx: Any) -> agent_pb2.NodeJob:
+        return self.agent.jobs.get(req.job_id).to_proto()
+
+    def Jobs(self, req: common_pb2.Empty, ctx: Any) -> agent_pb2.NodeJobList:
+        return agent_pb2.NodeJobList(
+            jobs=[j.to_proto(with_spec=True) for j in self.agent.jobs.all()]
+        )
+
+    def Wait(self, req: common_pb2.WaitRequest, ctx: Any) -> agent_pb2.NodeJob:
+        return self.agent.wait(req.job_id, _timeout(req.timeout_s, 10)).to_proto()
+
+    def Cancel(self, req: common_pb2.JobRef, ctx: Any) -> agent_pb2.NodeJob:
+        job = self.agent.cancel(req.job_id)
+        if job is None:
+            return agent_pb2.NodeJob(job_id=req.job_id, state="CANCELLED")
+        return job.to_proto()
+
+    def Logs(self, req: common_pb2.LogsRequest, ctx: Any) -> Iterator[common_pb2.LogChunk]:
+        rank = req.rank if req.HasField("rank") else None
+        return self.agent.logs(req.job_id, rank, req.offset, req.follow)
+
+
+def register(agent: NodeAgent) -> Any:
+    """What rpc.server.serve calls to add this service to a server."""
+    service = AgentService(agent)
+    return lambda server: agent_pb2_grpc.add_AgentServicer_to_server(service, server)

@@ -1,7 +1,16 @@
 """Finding the coordinator: a configured one, or the embedded local one (started on demand).
 
+A configured coordinator comes from the environment:
+
+    SNAPSHOTTER_COORDINATOR   HOST:PORT (or unix:PATH); unset = the embedded daemon
+    SNAPSHOTTER_TLS_DIR       a directory from `snapshotter certs init` (this client presents
+                              SNAPSHOTTER_TLS_NAME from it: default clients/admin)
+    SNAPSHOTTER_TLS_CA, _CERT, _KEY   or the three files of an existing PKI
+    SNAPSHOTTER_TLS_SERVER_NAME       the name in the coordinator's certificate (coordinator)
+    SNAPSHOTTER_TOKEN, or SNAPSHOTTER_TOKEN_FILE   a bearer token (its role decides the rights)
+
 The embedded daemon is started at most once per SNAPSHOTTER_HOME (a file lock serialises
-concurrent CLIs) and reused until `snapshotter down`.
+concurrent CLIs), listens on root-only unix sockets and is reused until `snapshotter down`.
 """
 
 from __future__ import annotations
@@ -12,13 +21,15 @@ import os
 import subprocess
 import sys
 import time
+from pathlib import Path
 from typing import Any
 
-from coordinator.service import COORDINATOR_SERVICE
 from snapshotter import errors
 from snapshotter.config import Paths
 from snapshotter.procutil import pid_alive
-from snapshotter.rpc.wire import Client
+from snapshotter.rpc.client import Client, Target, coordinator_client
+from snapshotter.rpc.tls import COORDINATOR_NAME, tls_files
+from snapshotter.v1 import coordinator_pb2
 
 
 def read_daemon(paths: Paths) -> dict[str, Any] | None:
@@ -41,10 +52,41 @@ def _check_store(info: dict[str, Any]) -> None:
         )
 
 
-def coordinator_client(paths: Paths, start: bool = True) -> Client:
-    addr = os.environ.get("SNAPSHOTTER_COORDINATOR")
-    if addr:
-        return Client(addr, COORDINATOR_SERVICE)
+def configured_target() -> Target | None:
+    """The coordinator the environment names, with its credentials (None: embedded)."""
+    env = os.environ
+    address = env.get("SNAPSHOTTER_COORDINATOR")
+    if not address:
+        return None
+    token = env.get("SNAPSHOTTER_TOKEN")
+    token_file = env.get("SNAPSHOTTER_TOKEN_FILE")
+    if not token and token_file:
+        try:
+            token = Path(token_file).read_text().strip()
+        except OSError as e:
+            raise errors.InvalidArgument(
+                f"cannot read SNAPSHOTTER_TOKEN_FILE={token_file}: {e.strerror}",
+                "point it at the file holding your token",
+            ) from e
+    tls = tls_files(
+        env.get("SNAPSHOTTER_TLS_DIR"),
+        env.get("SNAPSHOTTER_TLS_NAME", "clients/admin"),
+        env.get("SNAPSHOTTER_TLS_CA"),
+        env.get("SNAPSHOTTER_TLS_CERT"),
+        env.get("SNAPSHOTTER_TLS_KEY"),
+    )
+    return Target(
+        address,
+        tls=tls,
+        server_name=env.get("SNAPSHOTTER_TLS_SERVER_NAME", COORDINATOR_NAME),
+        token=token or None,
+    )
+
+
+def coordinator(paths: Paths, start: bool = True) -> Client:
+    target = configured_target()
+    if target is not None:
+        return coordinator_client(target)
     info = read_daemon(paths)
     if info is None:
         if not start:
@@ -53,7 +95,7 @@ def coordinator_client(paths: Paths, start: bool = True) -> Client:
             )
         info = _start_embedded(paths)
     _check_store(info)
-    return Client(info["coordinator"], COORDINATOR_SERVICE)
+    return coordinator_client(Target(info["coordinator"]))
 
 
 def _start_embedded(paths: Paths, timeout: float = 60.0) -> dict[str, Any]:
@@ -97,7 +139,11 @@ def stop_embedded(paths: Paths, force: bool, timeout: float = 60.0) -> bool:
     info = read_daemon(paths)
     if info is None:
         return False
-    Client(info["coordinator"], COORDINATOR_SERVICE).call("Shutdown", {"force": force})
+    client = coordinator_client(Target(info["coordinator"]))
+    try:
+        client.stub.Shutdown(coordinator_pb2.ShutdownRequest(force=force), timeout=120)
+    finally:
+        client.close()
     pid = int(info["pid"])
     deadline = time.monotonic() + timeout
     while pid_alive(pid) and time.monotonic() < deadline:

@@ -11,14 +11,13 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from typing import Any
 
-from coordinator.gc import DEFAULT_MIN_AGE_S
 from snapshotter import errors
-from snapshotter.cli.output import human_bytes, table
-from snapshotter.rpc.wire import Client
-
-Msg = dict[str, Any]
+from snapshotter.cli.output import Msg, human_bytes, table
+from snapshotter.coordinator.gc import DEFAULT_MIN_AGE_S
+from snapshotter.rpc.client import Client
+from snapshotter.rpc.convert import plain
+from snapshotter.v1 import coordinator_pb2
 
 # Listing a large store and deleting thousands of chunks takes longer than a plain call.
 GC_TIMEOUT_S = 900.0
@@ -64,15 +63,15 @@ def add_parser(
     return p
 
 
-def request(a: argparse.Namespace) -> Msg:
-    """The "Gc" RPC request for parsed `gc` arguments."""
-    return {"delete": bool(a.delete), "min_age_s": float(a.min_age)}
+def request(a: argparse.Namespace) -> coordinator_pb2.GcRequest:
+    """The Gc request for parsed `gc` arguments."""
+    return coordinator_pb2.GcRequest(delete=bool(a.delete), min_age_s=float(a.min_age))
 
 
 def run(a: argparse.Namespace, client: Client) -> int:
     """The `gc` handler: ask the coordinator, print the result, return the exit code (that of
     StorageUnavailable when a delete left objects behind)."""
-    result = client.call("Gc", request(a), timeout=GC_TIMEOUT_S)
+    result = plain(client.stub.Gc(request(a), timeout=GC_TIMEOUT_S))
     sys.stdout.write(render(result, a.json) + "\n")
     sys.stdout.flush()
     if result["summary"]["failed"]:
@@ -87,7 +86,7 @@ def run(a: argparse.Namespace, client: Client) -> int:
 
 
 def render(result: Msg, as_json: bool) -> str:
-    """The `gc` reply (coordinator.gc.gc_report's dict) as one JSON document, or as a table of
+    """The `gc` reply (a plain GcReport) as one JSON document, or as a table of
     orphans followed by a one-line summary (always the last line)."""
     if as_json:
         return json.dumps(result, default=str)

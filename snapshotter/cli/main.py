@@ -1,5 +1,8 @@
 """`snapshotter` command line. Each handler returns an exit code; errors are printed with their
 cause and next step and mapped to the error's exit code. Nothing here calls sys.exit but main.
+
+Every call goes through the generated stubs of snapshotter.v1 (rpc/client.py); results are
+printed as text, or with --json as plain JSON (numbers stay numbers: rpc/convert.py).
 """
 
 from __future__ import annotations
@@ -9,19 +12,22 @@ import json
 import os
 import sys
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any
 
-from snapshotter import errors
+from snapshotter import __version__, errors
 from snapshotter.cli import gc as gc_cli
-from snapshotter.cli.connect import coordinator_client, stop_embedded
-from snapshotter.cli.output import Progress, emit_result, human_bytes, table
+from snapshotter.cli import services
+from snapshotter.cli.connect import coordinator, stop_embedded
+from snapshotter.cli.output import Msg, ProgressLine, emit_result, human_bytes, table
 from snapshotter.config import Paths, default_home
 from snapshotter.launch.spec import validate_job_id
-from snapshotter.rpc.wire import Client
+from snapshotter.rpc.client import Client
+from snapshotter.rpc.convert import plain
+from snapshotter.v1 import common_pb2, coordinator_pb2
 
-Msg = dict[str, Any]
+pb = coordinator_pb2
 TERMINAL = {"FROZEN", "SUCCEEDED", "FAILED", "CANCELLED"}
 
 
@@ -30,7 +36,7 @@ def _paths() -> Paths:
 
 
 def _client() -> Client:
-    return coordinator_client(_paths())
+    return coordinator(_paths())
 
 
 # --------------------------------------------------------------------------- run
@@ -43,7 +49,17 @@ def _nnodes(v: str) -> int:
                 "give a fixed node count, e.g. --nnodes 2",
             )
         v = lo
-    return int(v)
+    return _positive("--nnodes", v)
+
+
+def _positive(flag: str, v: str) -> int:
+    try:
+        n = int(v)
+    except ValueError:
+        n = 0
+    if n < 1:
+        raise errors.InvalidArgument(f"{flag} {v!r} is not a positive whole number", "fix it")
+    return n
 
 
 def _nproc(v: str) -> int:
@@ -51,7 +67,7 @@ def _nproc(v: str) -> int:
         if v == "gpu":
             return max(1, _gpu_count())
         return 1 if v == "cpu" else max(1, _gpu_count() or 1)
-    return int(v)
+    return _positive("--nproc-per-node", v)
 
 
 def _gpu_count() -> int:
@@ -70,79 +86,75 @@ def cmd_run(a: argparse.Namespace) -> int:
         )
     if a.master_addr or a.master_port or a.rdzv_endpoint:
         print(
-            "note: the rendezvous store is owned by snapshotter (so it survives thaw); "
+            "note: the rendezvous server is owned by snapshotter (so it survives thaw); "
             "--master-addr/--master-port/--rdzv-endpoint are ignored",
             file=sys.stderr,
         )
-    job_id = a.job_id or a.rdzv_id
+    job_id = a.job_id or a.rdzv_id or ""
     if job_id:
         validate_job_id(job_id)
     script = a.script if a.module else str(Path(a.script))
     if not a.module and not Path(script).exists():
         raise errors.InvalidArgument(f"script {script!r} not found", "check the path")
-    req = {
-        "job_id": job_id,
-        "script": script,
-        "script_args": a.script_args,
-        "module": a.module,
-        "python": sys.executable,
-        "cwd": os.getcwd(),
-        "env": dict(os.environ),
-        "nnodes": _nnodes(a.nnodes),
-        "nproc_per_node": _nproc(a.nproc_per_node),
-        "nodes": a.nodes.split(",") if a.nodes else None,
-    }
+    req = pb.RunRequest(
+        job_id=job_id,
+        script=script,
+        script_args=a.script_args,
+        module=a.module,
+        python=sys.executable,
+        cwd=os.getcwd(),
+        env=dict(os.environ),
+        nnodes=_nnodes(a.nnodes),
+        nproc_per_node=_nproc(a.nproc_per_node),
+        nodes=a.nodes.split(",") if a.nodes else [],
+    )
     c = _client()
-    st = c.call("Run", req, timeout=180)
-    job = st["job_id"]
+    st = c.stub.Run(req, timeout=180)
+    job = st.job_id
     if a.detach:
-        emit_result(st, a.json, job, f"started job {job} ({len(st['ranks'])} ranks)")
+        emit_result(plain(st), a.json, job, f"started job {job} ({len(st.ranks)} ranks)")
         return 0
     print(f"started job {job}", file=sys.stderr)
     st = _attach(c, job)
-    if st["state"] == "FROZEN":
+    if st.state == "FROZEN":
         print(f"job {job} was frozen and stopped; thaw it with `snapshotter thaw`", file=sys.stderr)
-    emit_result(st, a.json, None)
-    return int(st.get("exit_code") or 0)
+    emit_result(plain(st), a.json, None)
+    return st.exit_code if st.HasField("exit_code") else 0
 
 
-def _attach(c: Client, job: str) -> Msg:
-    """Stream every rank's output while the job runs, like torchrun does."""
+def _attach(c: Client, job: str) -> pb.JobStatus:
+    """Stream every rank's output while the job runs, like torchrun does (bytes as they are)."""
     offsets: dict[int, int] = {}
-    pending: dict[int, str] = {}
-
-    def pump(final: bool, ranks: list[int]) -> None:
-        for rk in ranks:
-            for ev in c.stream("Logs", {"job_id": job, "rank": rk, "offset": offsets.get(rk, 0)}):
-                offsets[rk] = ev["offset"] + len(ev["data"].encode())
-                text = pending.pop(rk, "") + ev["data"]
-                *lines, rest = text.split("\n")
-                for ln in lines:
-                    sys.stdout.write(ln + "\n")
-                if rest:
-                    pending[rk] = rest
-            if final and pending.get(rk):
-                sys.stdout.write(pending.pop(rk) + "\n")
-        sys.stdout.flush()
-
+    out = sys.stdout.buffer
     while True:
-        st = c.call("Status", {"job_id": job})
-        ranks = [r["rank"] for r in st["ranks"]]
-        done = st["state"] in TERMINAL
-        pump(done, ranks)
+        st = c.stub.Status(common_pb2.JobRef(job_id=job), timeout=30)
+        done = st.state in TERMINAL
+        for r in st.ranks:
+            req = common_pb2.LogsRequest(job_id=job, rank=r.rank, offset=offsets.get(r.rank, 0))
+            for chunk in c.stub.Logs(req):
+                offsets[r.rank] = chunk.offset + len(chunk.data)
+                out.write(chunk.data)
+        out.flush()
         if done:
-            return st
+            return st  # type: ignore[no-any-return]
         time.sleep(0.5)
 
 
 # --------------------------------------------------------------------------- freeze / thaw
-def _drive(stream: Any, progress: Progress, final_event: str) -> Msg:
+def _event(ev: Any) -> Msg:
+    """A stream event as one flat line: {"event": phase|progress|done, ...its fields}."""
+    kind = ev.WhichOneof("event")
+    return {"event": kind, **plain(getattr(ev, kind))}
+
+
+def _drive(stream: Iterable[Any], progress: ProgressLine) -> Msg:
     result: Msg | None = None
     for ev in stream:
-        if ev.get("event") == final_event:
-            result = ev
+        flat = _event(ev)
+        if flat["event"] == "done":
+            result = flat
         else:
-            progress.event(ev)
+            progress.event(flat)
     if result is None:
         raise errors.Internal("the operation ended without a result", "see the daemon log")
     return result
@@ -150,8 +162,10 @@ def _drive(stream: Any, progress: Progress, final_event: str) -> Msg:
 
 def cmd_freeze(a: argparse.Namespace) -> int:
     c = _client()
-    req = {"job_id": a.job_id, "stop": a.stop, "quiesce_timeout": a.quiesce_timeout}
-    res = _drive(c.stream("Freeze", req), Progress(a.json), "done")
+    req = pb.FreezeRequest(job_id=a.job_id, stop=a.stop)
+    if a.quiesce_timeout is not None:
+        req.quiesce_timeout_s = a.quiesce_timeout
+    res = _drive(c.stub.Freeze(req), ProgressLine(a.json))
     st = res["stats"]
     text = (
         f"snapshot {res['snapshot_id']} committed: {human_bytes(st['image_bytes'])} of images; "
@@ -166,12 +180,10 @@ def cmd_freeze(a: argparse.Namespace) -> int:
 
 def cmd_thaw(a: argparse.Namespace) -> int:
     c = _client()
-    req = {
-        "snapshot_id": a.snapshot,
-        "job_id": a.job_id,
-        "nodes": a.nodes.split(",") if a.nodes else None,
-    }
-    res = _drive(c.stream("Thaw", req), Progress(a.json), "done")
+    req = pb.ThawRequest(
+        snapshot_id=a.snapshot, job_id=a.job_id or "", nodes=a.nodes.split(",") if a.nodes else []
+    )
+    res = _drive(c.stub.Thaw(req), ProgressLine(a.json))
     st = res["stats"]
     print(
         f"job {res['job_id']} thawed from {a.snapshot}: fetch+verify {st['fetch_s']:.2f}s, "
@@ -184,18 +196,13 @@ def cmd_thaw(a: argparse.Namespace) -> int:
 
 # --------------------------------------------------------------------------- queries
 def cmd_jobs(a: argparse.Namespace) -> int:
-    res = _client().call("Jobs")
+    res = _client().stub.Jobs(common_pb2.Empty(), timeout=60)
     rows = [
-        [
-            j["job_id"],
-            j["state"],
-            str(len(j["ranks"])),
-            ",".join(j["nodes"]),
-            str(len(j["snapshots"])),
-        ]
-        for j in res["jobs"]
+        [j.job_id, j.state, str(len(j.ranks)), ",".join(j.nodes), str(len(j.snapshots))]
+        for j in res.jobs
     ]
-    emit_result(res, a.json, None, table(rows, ["JOB", "STATE", "RANKS", "NODES", "SNAPSHOTS"]))
+    text = table(rows, ["JOB", "STATE", "RANKS", "NODES", "SNAPSHOTS"])
+    emit_result(plain(res), a.json, None, text)
     return 0
 
 
@@ -217,10 +224,13 @@ def _status_text(st: Msg) -> str:
 def cmd_status(a: argparse.Namespace) -> int:
     c = _client()
     if a.job_id is not None:
-        st = c.call("Status", {"job_id": a.job_id})
+        st = plain(c.stub.Status(common_pb2.JobRef(job_id=a.job_id), timeout=60))
         emit_result(st, a.json, None, _status_text(st))
         return 0
-    res = {"coordinator": c.call("Ping"), **c.call("Nodes")}
+    res = {
+        "coordinator": plain(c.stub.Ping(common_pb2.Empty(), timeout=30)),
+        **plain(c.stub.Nodes(common_pb2.Empty(), timeout=60)),
+    }
     emit_result(res, a.json, None, _services_text(res))
     return 0
 
@@ -234,16 +244,17 @@ def _resources_text(r: Msg) -> str:
 
 def _services_text(res: Msg) -> str:
     co = res["coordinator"]
-    head = f"coordinator pid {co['pid']}, store {co['store']}"
+    head = f"coordinator v{co['version']} pid {co['pid']}, store {co['store']}"
     lines = [f"{head}: {_resources_text(co['resources'])}"]
     for n in res["nodes"]:
-        if "error" in n:
+        if n.get("error"):
             lines.append(f"  node {n['name']} ({n['address']}): not answering: {n['error']}")
             continue
-        jobs = ", ".join(n.get("running_jobs", [])) or "none"
+        ag = n["agent"]
+        jobs = ", ".join(ag["running_jobs"]) or "none"
         lines.append(
-            f"  node {n['name']} ({n['address']}, pid {n['pid']}): "
-            f"{_resources_text(n['resources'])}; running jobs: {jobs}"
+            f"  node {n['name']} ({n['address']}, v{ag['version']} pid {ag['pid']}): "
+            f"{_resources_text(ag['resources'])}; running jobs: {jobs}"
         )
     return "\n".join(lines)
 
@@ -253,57 +264,62 @@ def cmd_wait(a: argparse.Namespace) -> int:
     deadline = None if a.timeout is None else time.monotonic() + a.timeout
     while True:
         left = 30.0 if deadline is None else max(0.0, min(30.0, deadline - time.monotonic()))
-        st = c.call("Wait", {"job_id": a.job_id, "timeout": left}, timeout=left + 30)
-        if st["state"] in TERMINAL or (deadline is not None and time.monotonic() >= deadline):
+        st = c.stub.Wait(common_pb2.WaitRequest(job_id=a.job_id, timeout_s=left), timeout=left + 30)
+        if st.state in TERMINAL or (deadline is not None and time.monotonic() >= deadline):
             break
-    emit_result(st, a.json, None, _status_text(st))
-    if st["state"] not in TERMINAL:
+    out = plain(st)
+    emit_result(out, a.json, None, _status_text(out))
+    if st.state not in TERMINAL:
         return 124
-    return int(st.get("exit_code") or 0)
+    return st.exit_code if st.HasField("exit_code") else 0
 
 
 def cmd_logs(a: argparse.Namespace) -> int:
     c = _client()
-    req = {"job_id": a.job_id, "rank": a.rank, "follow": a.follow, "offset": 0}
     if a.follow and a.rank is None:
         raise errors.InvalidArgument("--follow needs --rank", "pick one rank to follow")
-    for ev in c.stream("Logs", req):
-        sys.stdout.write(ev["data"])
-        sys.stdout.flush()
+    req = common_pb2.LogsRequest(job_id=a.job_id, follow=a.follow)
+    if a.rank is not None:
+        req.rank = a.rank
+    for chunk in c.stub.Logs(req):
+        sys.stdout.buffer.write(chunk.data)
+        sys.stdout.buffer.flush()
     return 0
 
 
 def cmd_cancel(a: argparse.Namespace) -> int:
-    st = _client().call("Cancel", {"job_id": a.job_id})
+    st = plain(_client().stub.Cancel(common_pb2.JobRef(job_id=a.job_id), timeout=120))
     emit_result(st, a.json, None, _status_text(st))
     return 0
 
 
 def cmd_list(a: argparse.Namespace) -> int:
-    res = _client().call("List", {"job_id": a.job})
+    res = _client().stub.ListSnapshots(pb.ListSnapshotsRequest(job_id=a.job or ""), timeout=120)
     rows = [
         [
-            s["snapshot_id"],
-            s["job_id"] or "",
-            str(s["ranks"]),
-            human_bytes(s["stored_bytes"]),
-            time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(s["created"])),
+            s.snapshot_id,
+            s.job_id,
+            str(s.ranks),
+            human_bytes(s.stored_bytes),
+            time.strftime("%Y-%m-%d %H:%M:%S", time.gmtime(s.created)),
         ]
-        for s in res["snapshots"]
+        for s in res.snapshots
     ]
-    emit_result(res, a.json, None, table(rows, ["SNAPSHOT", "JOB", "RANKS", "STORED", "CREATED"]))
+    text = table(rows, ["SNAPSHOT", "JOB", "RANKS", "STORED", "CREATED"])
+    emit_result(plain(res), a.json, None, text)
     return 0
 
 
 def cmd_show(a: argparse.Namespace) -> int:
-    res = _client().call("Show", {"snapshot_id": a.snapshot})
+    d = plain(_client().stub.ShowSnapshot(pb.SnapshotRef(snapshot_id=a.snapshot), timeout=60))
+    res = {**d.pop("summary"), **d}
     emit_result(res, a.json, None, json.dumps(res, indent=2, default=str))
     return 0
 
 
 def cmd_delete(a: argparse.Namespace) -> int:
-    res = _client().call("Delete", {"snapshot_id": a.snapshot})
-    emit_result(res, a.json, None, f"deleted {a.snapshot}")
+    res = _client().stub.DeleteSnapshot(pb.SnapshotRef(snapshot_id=a.snapshot), timeout=300)
+    emit_result(plain(res), a.json, None, f"deleted {a.snapshot}")
     return 0
 
 
@@ -318,26 +334,6 @@ def cmd_down(a: argparse.Namespace) -> int:
     return 0
 
 
-# --------------------------------------------------------------------------- services
-def cmd_coordinator(a: argparse.Namespace) -> int:
-    from snapshotter import daemon
-
-    argv = ["coordinator", "--listen", a.listen, "--agent-ttl", str(a.agent_ttl)]
-    return daemon.main(argv + (["--store", a.store] if a.store else []))
-
-
-def cmd_agent(a: argparse.Namespace) -> int:
-    from snapshotter import daemon
-
-    argv = ["agent", "--listen", a.listen, "--coordinator", a.coordinator,
-            "--heartbeat", str(a.heartbeat), "--freeze-lease", str(a.freeze_lease)]  # fmt: skip
-    argv += ["--name", a.name] if a.name else []
-    argv += ["--store", a.store] if a.store else []
-    for kv in a.env:
-        argv += ["--env", kv]
-    return daemon.main(argv)
-
-
 # --------------------------------------------------------------------------- parser
 def build_parser() -> argparse.ArgumentParser:
     common = argparse.ArgumentParser(add_help=False)
@@ -346,6 +342,7 @@ def build_parser() -> argparse.ArgumentParser:
         prog="snapshotter",
         description="Transparent freeze/thaw of running PyTorch jobs.",
     )
+    p.add_argument("--version", action="version", version=f"snapshotter {__version__}")
     sub = p.add_subparsers(dest="cmd", required=True)
 
     def add(
@@ -411,23 +408,7 @@ def build_parser() -> argparse.ArgumentParser:
     dn = add("down", cmd_down, "stop the embedded coordinator and agent")
     dn.add_argument("--force", action="store_true", help="also stop running jobs")
     gc_cli.add_parser(sub).set_defaults(fn=lambda a: gc_cli.run(a, _client()))
-    co = add("coordinator", cmd_coordinator, "serve a coordinator (multi-node deployments)")
-    co.add_argument("--listen", default="0.0.0.0:7070", help="host:port to serve on")
-    co.add_argument("--store", default=None, help="snapshot store URL ($SNAPSHOTTER_STORE)")
-    co.add_argument("--agent-ttl", type=float, default=15.0,
-                    help="seconds without a heartbeat before a node is not placed on")
-    ag = add("agent", cmd_agent, "serve this node's agent (multi-node deployments)")
-    ag.add_argument("--listen", required=True,
-                    help="NODE_IP:PORT; ranks of this node use NODE_IP and its interface")
-    ag.add_argument("--coordinator", required=True, help="host:port of the coordinator")
-    ag.add_argument("--name", default=None, help="node name (default: the hostname)")
-    ag.add_argument("--store", default=None, help="snapshot store URL ($SNAPSHOTTER_STORE)")
-    ag.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
-                    help="network setting for this node's ranks (wins over the job's, also "
-                    "after a thaw onto this node)")
-    ag.add_argument("--heartbeat", type=float, default=2.0)
-    ag.add_argument("--freeze-lease", type=float, default=60.0,
-                    help="seconds without word from the coordinator before a freeze is undone")
+    services.add_parsers(sub, common)
     return p
 
 
@@ -438,7 +419,7 @@ def main(argv: list[str] | None = None) -> int:
         return int(a.fn(a))
     except errors.SnapshotterError as e:
         if getattr(a, "json", False):
-            print(json.dumps({"error": e.to_dict()}))
+            print(json.dumps({"error": e.to_dict()}, default=str))
         print(f"error: {e}", file=sys.stderr)
         return e.exit_code
     except KeyboardInterrupt:

@@ -11,6 +11,7 @@ import sys
 import time
 from typing import Any, TextIO
 
+# Plain JSON data: what --json prints (rpc/convert.py makes it from typed messages).
 Msg = dict[str, Any]
 
 
@@ -22,8 +23,9 @@ def human_bytes(n: float) -> str:
     return f"{n:.1f} TiB"
 
 
-class Progress:
-    """Renders operation events as one line per phase and throttled byte-progress lines."""
+class ProgressLine:
+    """Renders operation events ({"event": phase|progress, ...}) as one line per phase and
+    throttled byte-progress lines; with --json, each event as one JSON line."""
 
     def __init__(self, as_json: bool, out: TextIO = sys.stderr) -> None:
         self.as_json = as_json
@@ -42,11 +44,11 @@ class Progress:
         if kind == "phase":
             self._phase = ev["phase"]
             extra = ""
-            if "stall_s" in ev and ev["stall_s"] is not None:
+            if ev.get("stall_s") is not None:
                 extra = f" (job stalled {ev['stall_s']:.2f}s)"
-            elif "bytes" in ev:
+            elif ev.get("bytes"):
                 extra = f" ({human_bytes(ev['bytes'])} of images)"
-            node = f" [{ev['node']}]" if "node" in ev else ""
+            node = f" [{ev['node']}]" if ev.get("node") else ""
             self.out.write(f"[{el:6.1f}s] {self._phase}{node}{extra}\n")
         elif kind == "progress":
             now = time.monotonic()

@@ -1,4 +1,5 @@
-"""GPU state around CRIU: NVIDIA's checkpoint driver API, the node's GPU stage, a test fake.
+"""GPU state around CRIU: NVIDIA's checkpoint driver API and the node's GPU stage (the driver
+fake for tests lives in snapshotter/testing).
 
 `auto_stage()` is what a node agent uses when nothing else is configured: the real driver when
 this node has one, else None (one log line, never an error).

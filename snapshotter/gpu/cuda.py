@@ -2,8 +2,8 @@
 
 Every call goes through `self.cu`, a module with the shape of `cuda.bindings.driver`
 (functions return a tuple whose first item is a CUresult). Tests pass
-`snapshotter.gpu.fake.FakeCudaDriver` instead, so this exact code runs against a state machine
-that answers misuse with the real error codes.
+`snapshotter.testing.gpu_fake.FakeCudaDriver` instead, so this exact code runs against a state
+machine that answers misuse with the real error codes.
 
 This module must never crash a node without the NVIDIA driver: `detect()` turns every way of
 not having one into `None` and one log line.

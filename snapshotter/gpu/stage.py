@@ -27,11 +27,11 @@ from __future__ import annotations
 import logging
 import time
 from collections.abc import Callable, Mapping, Sequence
-from concurrent.futures import Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from snapshotter import parallel
 from snapshotter.errors import GpuCheckpointError, GpuDriverError, GpuRemapRefused
 from snapshotter.gpu.api import NO_CUDA_RESULTS, CheckpointDriver, GpuInfo, ProcessState
 
@@ -342,24 +342,18 @@ class GpuStage:
     ) -> dict[int, BaseException]:
         """Run fn on every process in parallel; the failures by pid (a call still running
         at `timeout` counts as failed and is left to finish in the background)."""
-        pool = ThreadPoolExecutor(max_workers=max(1, min(len(procs), self.settings.parallelism)),
-                                  thread_name_prefix=f"gpu-{op}")
-        try:
-            futs: dict[Future[None], GpuProc] = {pool.submit(fn, p): p for p in procs}
-            done, pending = wait(futs, timeout=timeout)
-            failed: dict[int, BaseException] = {}
-            for f in pending:
-                failed[futs[f].pid] = GpuDriverError(
-                    op, futs[f].pid, f"no answer within {timeout:.0f}s",
-                    "the NVIDIA driver is stuck on this process; cancel the job",
-                )
-            for f in done:
-                e = f.exception()
-                if e is not None:
-                    failed[futs[f].pid] = e
-            return failed
-        finally:
-            pool.shutdown(wait=False, cancel_futures=True)
+
+        def overdue(p: GpuProc, t: float) -> BaseException:
+            return GpuDriverError(
+                op, p.pid, f"no answer within {t:.0f}s",
+                "the NVIDIA driver is stuck on this process; cancel the job",
+            )  # fmt: skip
+
+        out = parallel.each(
+            procs, fn, key=lambda p: p.pid, workers=self.settings.parallelism, timeout=timeout,
+            overdue=overdue, name=f"gpu-{op}",
+        )  # fmt: skip
+        return out.failures
 
     def _first(self, failed: Mapping[int, BaseException], op: str) -> BaseException:
         for pid, e in sorted(failed.items()):

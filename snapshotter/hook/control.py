@@ -1,25 +1,10 @@
 """The rank's end of the agent's control channel, and the freeze steps it drives.
 
-Wire format: newline-delimited JSON on two inherited pipe fds (SNAPSHOTTER_CTL_IN, commands from
-the agent; SNAPSHOTTER_CTL_OUT, replies). One object per line::
-
-    agent -> rank                                   rank -> agent
-    {"op":"ping"}                                   {"op":"pong","pid":P,"rank":R}
-    {"op":"prepare","freeze":ID}                    {"op":"counts","freeze":ID,
-                                                     "counts":{KEY:n}}
-    {"op":"park","freeze":ID,"targets":{KEY:seq}}   {"op":"parked","freeze":ID,
-                                                     "at":{"group":KEY,"seq":n} | null}
-    {"op":"suspend","freeze":ID}                    {"op":"suspended","freeze":ID}
-    {"op":"resume","freeze":ID,
-     "store":{"host":H,"port":P},"epoch":E,
-     "env":{K:V}}                                   {"op":"resumed","freeze":ID}
-    {"op":"abort","freeze":ID}                      {"op":"aborted","freeze":ID}
-    any failure                                     {"op":"error","freeze":ID,"message":M}
-
-`parked` is sent asynchronously, by whichever thread made the rank quiesced. After `prepare`
-the rank holds every new collective until `park` or `abort` arrives (or SNAPSHOTTER_HOLD_S
-seconds pass), so the counts it reported stay the maximum it can reach. Pipes survive a CRIU
-dump and restore with the same fd numbers, so the reader thread simply keeps reading.
+The wire format (one JSON object per line on fds SNAPSHOTTER_CTL_IN / SNAPSHOTTER_CTL_OUT) is
+defined in snapshotter/hook/protocol.py, shared with the agent. After `prepare` the rank
+holds every new collective until `park` or `abort` arrives (or SNAPSHOTTER_HOLD_S seconds
+pass), so the counts it reported stay the maximum it can reach. Pipes survive a CRIU dump and
+restore with the same fd numbers, so the reader thread simply keeps reading.
 
 This module must never leave the rank half torn down without saying so: every step either
 completes or replies `error`, and a failed `resume` leaves the rank suspended, ready for another.
@@ -28,13 +13,13 @@ completes or replies `error`, and a failed `resume` leaves the rank suspended, r
 from __future__ import annotations
 
 import gc
-import json
 import os
 import sys
 import threading
 import time
 from typing import Any
 
+from snapshotter.hook import protocol
 from snapshotter.hook.barrier import BarrierError, ParkPoint, QuiesceBarrier, State
 from snapshotter.hook.sockets import Owned, tcp_sockets
 
@@ -43,7 +28,7 @@ SOCKET_CLOSE_WAIT_S = 5.0
 
 
 class Hook:
-    """Owns the barrier, the group and store registries, and the control reader thread."""
+    """Owns the barrier, the group and rendezvous-store registries, and the control reader."""
 
     def __init__(self, fd_in: int, fd_out: int, rank: int) -> None:
         self.fd_in = fd_in
@@ -58,18 +43,18 @@ class Hook:
         self._thread: threading.Thread | None = None
         # Filled by install_torch(); absent when torch is missing or the hook is disabled.
         self.groups: Any = None
-        self.stores: Any = None
+        self.rdzv: Any = None
 
     # ---- installation --------------------------------------------------------------------
 
     def install_torch(self) -> None:
         """Patch torch.distributed so every group and store it creates is resumable."""
+        from snapshotter.hook.rdzv import RdzvRegistry, wrap_rendezvous
         from snapshotter.hook.resumable import GroupRegistry, install
-        from snapshotter.hook.store import StoreRegistry, wrap_rendezvous
 
         self.groups = GroupRegistry(self.barrier, self.owned)
-        self.stores = StoreRegistry(self.owned)
-        wrap_rendezvous(self.stores, self.barrier.setup)
+        self.rdzv = RdzvRegistry(self.owned)
+        wrap_rendezvous(self.rdzv, self.barrier.setup)
         install(self.groups)
 
     def start(self) -> None:
@@ -92,7 +77,7 @@ class Hook:
     # ---- wire ----------------------------------------------------------------------------
 
     def send(self, msg: dict[str, Any]) -> None:
-        data = (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+        data = protocol.encode(msg)
         with self._write_lock:
             view = memoryview(data)
             while view:
@@ -100,7 +85,7 @@ class Hook:
                 view = view[n:]
 
     def _read_loop(self) -> None:
-        buf = b""
+        decoder = protocol.LineDecoder()
         while True:
             try:
                 chunk = os.read(self.fd_in, 65536)
@@ -108,11 +93,8 @@ class Hook:
                 break
             if not chunk:
                 break
-            buf += chunk
-            while b"\n" in buf:
-                line, buf = buf.split(b"\n", 1)
-                if line.strip():
-                    self._handle_line(line)
+            for line in decoder.feed(chunk):
+                self._handle_line(line)
         # The agent is gone: never leave a thread held or parked for a freeze nobody finishes.
         try:
             self.barrier.abort("")
@@ -127,22 +109,20 @@ class Hook:
     def _handle_line(self, line: bytes) -> None:
         freeze = ""
         try:
-            msg = json.loads(line)
-            if not isinstance(msg, dict):
-                raise ValueError("a command must be a JSON object")
+            msg = protocol.decode(line)
             freeze = str(msg.get("freeze", ""))
-            op = msg.get("op")
-            handler = getattr(self, f"_op_{op}", None)
+            op = msg["op"]
+            handler = getattr(self, f"_op_{op}", None) if op in protocol.REPLY_TO else None
             if handler is None:
-                raise ValueError(f"unknown op {op!r}")
+                raise protocol.ProtocolError(f"unknown op {op!r}")
             handler(freeze, msg)
         except Exception as e:  # every failure becomes an error reply; the reader keeps going
-            self.send({"op": "error", "freeze": freeze, "message": f"{type(e).__name__}: {e}"})
+            self.send(protocol.error(freeze, f"{type(e).__name__}: {e}"))
 
     # ---- ops -----------------------------------------------------------------------------
 
     def _op_ping(self, freeze: str, msg: dict[str, Any]) -> None:
-        self.send({"op": "pong", "pid": os.getpid(), "rank": self.rank})
+        self.send(protocol.pong(os.getpid(), self.rank))
 
     def _check_enabled(self) -> None:
         if self.disabled:
@@ -156,24 +136,22 @@ class Hook:
         timer.daemon = True
         self._hold_timer = timer
         timer.start()
-        self.send({"op": "counts", "freeze": freeze, "counts": counts})
+        self.send(protocol.counts(freeze, counts))
 
     def _op_park(self, freeze: str, msg: dict[str, Any]) -> None:
         self._check_enabled()
         self._cancel_hold()
-        targets = msg.get("targets") or {}
-        if not isinstance(targets, dict):
-            raise ValueError("targets must be an object {group: seq}")
-        self.barrier.arm(freeze, {str(k): int(v) for k, v in targets.items()})
+        self.barrier.arm(freeze, protocol.targets_of(msg))
 
     def _on_parked(self, freeze: str, at: ParkPoint | None) -> None:
-        where = None if at is None else {"group": at.group, "seq": at.seq}
-        self.send({"op": "parked", "freeze": freeze, "at": where})
+        self.send(protocol.parked(
+            freeze, None if at is None else at.group, None if at is None else at.seq
+        ))
 
     def _op_abort(self, freeze: str, msg: dict[str, Any]) -> None:
         self._cancel_hold()
         self.barrier.abort(freeze)
-        self.send({"op": "aborted", "freeze": freeze})
+        self.send(protocol.done(protocol.ABORT, freeze))
 
     def _op_suspend(self, freeze: str, msg: dict[str, Any]) -> None:
         self._check_enabled()
@@ -187,7 +165,7 @@ class Hook:
                 f"TCP sockets still open after teardown (not opened through torch.distributed's "
                 f"env:// or tcp:// rendezvous or its gloo groups?): {desc}"
             )
-        self.send({"op": "suspended", "freeze": freeze})
+        self.send(protocol.done(protocol.SUSPEND, freeze))
 
     def _op_resume(self, freeze: str, msg: dict[str, Any]) -> None:
         self._check_enabled()
@@ -197,27 +175,24 @@ class Hook:
             raise BarrierError(
                 f"cannot resume freeze {freeze!r}: barrier is {self.barrier.state.value}"
             )
-        env = msg.get("env") or {}
-        store = msg.get("store") or {}
-        host, port = str(store["host"]), int(store["port"])
-        epoch = msg.get("epoch", 0)
+        host, port, epoch, env = protocol.rdzv_of(msg)
         for k, v in env.items():
-            os.environ[str(k)] = str(v)
+            os.environ[k] = v
         try:
             self._rebuild(host, port, epoch)
         except BaseException:
             self._teardown()  # back to a clean "suspended", so another resume can be tried
             raise
         self.barrier.release(freeze)
-        self.send({"op": "resumed", "freeze": freeze})
+        self.send(protocol.done(protocol.RESUME, freeze))
 
     # ---- teardown / rebuild --------------------------------------------------------------
 
     def _teardown(self) -> None:
         if self.groups is not None:
             self.groups.teardown_all()
-        if self.stores is not None:
-            self.stores.disconnect_all()
+        if self.rdzv is not None:
+            self.rdzv.disconnect_all()
         gc.collect()
 
     def _wait_sockets_closed(self) -> list[Any]:
@@ -230,20 +205,20 @@ class Hook:
             time.sleep(0.02)
 
     def _rebuild(self, host: str, port: int, epoch: Any) -> None:
-        if self.stores is None or self.groups is None:
+        if self.rdzv is None or self.groups is None:
             return
-        self.stores.connect_all(host, port)
+        self.rdzv.connect_all(host, port)
         if not self.groups.groups():
             return
-        if self.stores.stores:
-            store = self.stores.stores[0]
+        if self.rdzv.stores:
+            store = self.rdzv.stores[0]
         else:
             # The script brought its own store; rebuild over one of ours, closed like the rest.
             import torch.distributed as dist
 
             with self.owned.track():
                 client = dist.TCPStore(host, port, None, False, wait_for_workers=False)
-            store = self.stores.wrap(client, None)
+            store = self.rdzv.wrap(client, None)
         self.groups.rebuild_all(store, epoch)
 
     def _cancel_hold(self) -> None:

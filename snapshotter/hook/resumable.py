@@ -35,7 +35,9 @@ environment (NCCL_SOCKET_IFNAME, ...) as the agent set it for the new node.
 Not resumable, and refused loudly: multi-backend groups ("cpu:gloo,cuda:nccl"),
 `split_group`/`merge_remote_group`, the coalescing manager on the outer group.
 
-Imports only stdlib and torch.
+Imports only stdlib and torch. Why one module of ~500 lines: the gloo and NCCL groups, their
+factories and the registry share one set of torch internals (the pybind trampoline, the
+helper wrap); split apart, each half would re-derive what the other patches.
 """
 
 from __future__ import annotations

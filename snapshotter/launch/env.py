@@ -1,9 +1,9 @@
 """The environment a rank sees: torchrun's variables, computed as a pure function.
 
 Scripts written for torchrun read RANK, LOCAL_RANK, WORLD_SIZE, LOCAL_WORLD_SIZE, MASTER_ADDR,
-MASTER_PORT and the TORCHELASTIC_* family; they must find the same here. The store server is
-hosted outside the ranks (by the node agent), exactly like torchrun's agent store, so every rank
-is a store client (TORCHELASTIC_USE_AGENT_STORE=True). This module never does I/O.
+MASTER_PORT and the TORCHELASTIC_* family; they must find the same here. The rendezvous
+server (a c10d TCPStore) is hosted outside the ranks by the node agent, exactly like torchrun's
+agent store, so every rank is a client (TORCHELASTIC_USE_AGENT_STORE=True). No I/O here.
 """
 
 from __future__ import annotations
@@ -28,7 +28,9 @@ class RankPlacement:
 
 
 @dataclass(frozen=True)
-class StoreAddress:
+class RdzvAddress:
+    """Where the job's rendezvous server (its c10d TCPStore) listens."""
+
     host: str
     port: int
 
@@ -52,7 +54,7 @@ def placements(nnodes: int, nproc_per_node: int, node_rank: int) -> list[RankPla
 def rank_env(
     base: Mapping[str, str],
     p: RankPlacement,
-    store: StoreAddress,
+    rdzv: RdzvAddress,
     job_id: str,
     node_env: Mapping[str, str] | None = None,
 ) -> dict[str, str]:
@@ -70,8 +72,8 @@ def rank_env(
             "LOCAL_WORLD_SIZE": str(p.local_world_size),
             "ROLE_WORLD_SIZE": str(p.world_size),
             "GROUP_WORLD_SIZE": str(p.nnodes),
-            "MASTER_ADDR": store.host,
-            "MASTER_PORT": str(store.port),
+            "MASTER_ADDR": rdzv.host,
+            "MASTER_PORT": str(rdzv.port),
             "TORCHELASTIC_USE_AGENT_STORE": "True",
             "TORCHELASTIC_RUN_ID": job_id,
             "TORCHELASTIC_RESTART_COUNT": "0",
@@ -90,9 +92,9 @@ def rank_env(
     return env
 
 
-def resume_env(store: StoreAddress, node_env: Mapping[str, str] | None = None) -> dict[str, str]:
+def resume_env(rdzv: RdzvAddress, node_env: Mapping[str, str] | None = None) -> dict[str, str]:
     """What a rank must overwrite after a thaw: values restored from the old node lose."""
-    env = {"MASTER_ADDR": store.host, "MASTER_PORT": str(store.port)}
+    env = {"MASTER_ADDR": rdzv.host, "MASTER_PORT": str(rdzv.port)}
     if node_env:
         env.update(node_env)
     return env

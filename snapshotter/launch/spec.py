@@ -1,5 +1,13 @@
 """What a job is: the command, its environment and its shape. Shared by CLI, coordinator and
-agents, and recorded in every snapshot so a thaw can rebuild the job."""
+agents, and recorded in every snapshot so a thaw can rebuild the job.
+
+A snapshot keeps the job's environment only in part (`JobSpec.for_snapshot`): the variables
+that start the job's interpreter (KEPT_ENV), nothing else. That is enough for a thaw and a
+fork: the ranks' own environment comes back with their memory (CRIU restores it), and the
+node's network settings are set anew by the agent; the only process a thaw starts from the
+spec is the job's rendezvous server, which needs the interpreter and its library paths. Every
+other variable (tokens, keys, credentials) is omitted, and only its name is recorded.
+"""
 
 from __future__ import annotations
 
@@ -9,8 +17,14 @@ from dataclasses import asdict, dataclass, field
 from typing import Any
 
 from snapshotter import errors
+from snapshotter.v1 import common_pb2
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
+# What starts the job's interpreter on another node: never a secret.
+KEPT_ENV = frozenset({
+    "PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONUNBUFFERED", "VIRTUAL_ENV", "CONDA_PREFIX",
+    "LD_LIBRARY_PATH", "LANG", "LC_ALL", "HOME", "TZ",
+})  # fmt: skip
 
 
 def validate_job_id(job_id: str) -> str:
@@ -63,3 +77,54 @@ class JobSpec:
         d = self.to_dict()
         d["job_id"] = job_id
         return JobSpec.from_dict(d)
+
+    def for_snapshot(self) -> tuple[dict[str, Any], list[str]]:
+        """The spec as a snapshot stores it (env: KEPT_ENV only), and the names omitted."""
+        d = self.to_dict()
+        d["env"] = {k: v for k, v in self.env.items() if k in KEPT_ENV}
+        return d, sorted(k for k in self.env if k not in KEPT_ENV)
+
+    def to_proto(self) -> common_pb2.JobSpec:
+        return common_pb2.JobSpec(
+            job_id=self.job_id,
+            script=self.script,
+            script_args=self.script_args,
+            module=self.module,
+            python=self.python,
+            cwd=self.cwd,
+            env=self.env,
+            nnodes=self.nnodes,
+            nproc_per_node=self.nproc_per_node,
+        )
+
+    @staticmethod
+    def from_proto(m: common_pb2.JobSpec) -> JobSpec:
+        """Raises: InvalidArgument for a spec no agent could run."""
+        spec = JobSpec(
+            job_id=validate_job_id(m.job_id),
+            script=m.script,
+            script_args=list(m.script_args),
+            module=m.module,
+            python=m.python,
+            cwd=m.cwd,
+            env=dict(m.env),
+            nnodes=m.nnodes or 1,
+            nproc_per_node=m.nproc_per_node or 1,
+        )
+        spec.check()
+        return spec
+
+    def check(self) -> None:
+        """Raises: InvalidArgument naming what is wrong with this spec."""
+        if self.nnodes < 1 or self.nproc_per_node < 1:
+            raise errors.InvalidArgument(
+                f"--nnodes {self.nnodes} / --nproc-per-node {self.nproc_per_node} must be >= 1",
+                "fix the flags",
+            )
+        if not self.script:
+            raise errors.InvalidArgument("no script or module to run", "name one")
+        for what, path in (("interpreter", self.python), ("working directory", self.cwd)):
+            if not path.startswith("/"):
+                raise errors.InvalidArgument(
+                    f"the job's {what} {path!r} is not an absolute path", "pass absolute paths"
+                )

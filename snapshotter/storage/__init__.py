@@ -5,7 +5,7 @@ local        LocalDirStore, the embedded default (a directory)
 s3           S3Store, any S3-compatible object store via boto3
 url          open_store("file:///path" | "s3://bucket/prefix")
 format       key layout and manifest (the on-store grammar)
-coordinator  TransferCoordinator, tasks/status/first failure/cleanups of one transfer
+tasks        TransferTasks, tasks/status/first failure/cleanups of one transfer
 writer       SnapshotWriter: chunk, compress, hash, upload, commit manifest last
 reader       SnapshotReader: verify every chunk, then extract
 catalog      list_snapshots, delete_snapshot, find_orphans

@@ -61,7 +61,8 @@ def commit_snapshot(
         body = manifest.to_json()
     except (fmt.ManifestError, KeyError, TypeError, ValueError) as e:
         raise InvalidArgument(
-            f"cannot commit snapshot {snapshot_id!r}: {e}", "this is a bug; report it"
+            f"cannot commit snapshot {snapshot_id!r}: {e}",
+            "pass only JSON-serializable values in meta and streams as StreamInfo.to_dict()",
         ) from e
     check_stored(store, manifest)
     key = fmt.manifest_key(snapshot_id)

@@ -39,7 +39,7 @@ import zstandard
 from snapshotter.errors import InvalidArgument, SnapshotCorrupt, SnapshotNotFound
 from snapshotter.storage import format as fmt
 from snapshotter.storage.api import ObjectMissing, ObjectStore
-from snapshotter.storage.coordinator import TransferCoordinator
+from snapshotter.storage.tasks import TransferTasks
 
 DEFAULT_WORKERS = 4
 STAGED_SUFFIX = ".stream"
@@ -139,10 +139,10 @@ class SnapshotReader:
         suffix = STAGED_SUFFIX if decompress else STAGED_COMPRESSED_SUFFIX
         paths = {n: dest / f"{n}{suffix}" for n in names}
         fds: dict[str, int] = {}
-        coord = TransferCoordinator(
+        tasks = TransferTasks(
             self.workers, 2 * self.workers, name=f"fetch-{self.snapshot_id}"
         )
-        coord.add_cleanup(lambda: _unlink_all(paths.values()))
+        tasks.add_cleanup(lambda: _unlink_all(paths.values()))
         counts = {n: 0 for n in names}
 
         def fetch(stream: fmt.StreamInfo, chunk: fmt.ChunkInfo, offset: int) -> None:
@@ -163,15 +163,15 @@ class SnapshotReader:
                 s = manifest.streams[n]
                 offset = 0
                 for c in s.chunks:
-                    coord.submit(fetch, s, c, s.offset(c.index) if decompress else offset)
+                    tasks.submit(fetch, s, c, s.offset(c.index) if decompress else offset)
                     offset += c.stored_size
-            coord.wait()
+            tasks.wait()
         except BaseException:
-            coord.abort()  # waits for running fetches before their files are closed/removed
+            tasks.abort()  # waits for running fetches before their files are closed/removed
             _close_all(fds.values())
             raise
         _close_all(fds.values())
-        coord.done()
+        tasks.done()
         with self._lock:
             self._staged.update({n: _Staged(p, not decompress) for n, p in paths.items()})
         return dict(paths)

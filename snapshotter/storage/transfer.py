@@ -7,8 +7,8 @@ names so callers need not know the split.
 
 from snapshotter.storage.catalog import delete_snapshot, find_orphans, list_snapshots
 from snapshotter.storage.commit import commit_snapshot
-from snapshotter.storage.coordinator import TransferCoordinator, TransferStatus
 from snapshotter.storage.reader import SnapshotReader
+from snapshotter.storage.tasks import TransferStatus, TransferTasks
 from snapshotter.storage.writer import (
     DEFAULT_CHUNK_SIZE,
     DEFAULT_WORKERS,
@@ -24,7 +24,7 @@ __all__ = [
     "ProgressFn",
     "SnapshotReader",
     "SnapshotWriter",
-    "TransferCoordinator",
+    "TransferTasks",
     "TransferStatus",
     "commit_snapshot",
     "delete_snapshot",

@@ -35,8 +35,8 @@ import zstandard
 from snapshotter.errors import InvalidArgument, StorageUnavailable
 from snapshotter.storage import format as fmt
 from snapshotter.storage.api import ObjectStore
-from snapshotter.storage.commit import check_stored
-from snapshotter.storage.coordinator import TransferCoordinator, TransferStatus
+from snapshotter.storage.commit import commit_snapshot
+from snapshotter.storage.tasks import TransferStatus, TransferTasks
 
 log = logging.getLogger(__name__)
 
@@ -106,7 +106,7 @@ class SnapshotWriter:
         self.chunk_size = chunk_size
         self._progress = progress
         self._workers = workers
-        self._coord = TransferCoordinator(workers, 2 * workers, name=f"snap-{snapshot_id}")
+        self._tasks = TransferTasks(workers, 2 * workers, name=f"snap-{snapshot_id}")
         self._lock = threading.Lock()
         self._streams: dict[str, fmt.StreamInfo | None] = {}  # None while being written
         self._written: set[str] = set()  # every key we may have created, for abort
@@ -117,7 +117,7 @@ class SnapshotWriter:
         self._started = time.monotonic()
         self._local = threading.local()
         self.committed: fmt.Manifest | None = None
-        self._coord.add_cleanup(self._delete_written)
+        self._tasks.add_cleanup(self._delete_written)
 
     # -- streams --------------------------------------------------------------------------
 
@@ -137,16 +137,16 @@ class SnapshotWriter:
                 # task returns and memory stays at the chunks in flight.
                 holder = [data]
                 del data
-                futures.append(self._coord.submit(self._store_chunk, name, index, key, holder))
+                futures.append(self._tasks.submit(self._store_chunk, name, index, key, holder))
             else:
                 raise InvalidArgument(
                     f"stream {name!r} exceeds {fmt.MAX_CHUNKS} chunks of {self.chunk_size} bytes",
                     "use a larger chunk_size",
                 )
             wait_futures(futures)
-            self._coord.raise_if_failed()
+            self._tasks.raise_if_failed()
         except BaseException as e:
-            self._coord.set_exception(e)
+            self._tasks.set_exception(e)
             wait_futures(futures)
             raise
         chunks = tuple(f.result() for f in futures)
@@ -197,13 +197,13 @@ class SnapshotWriter:
         if failure:
             # The pipe closed early, so the stream looked complete: poison the transfer so a
             # truncated directory can never be committed.
-            self._coord.set_exception(failure[0])
+            self._tasks.set_exception(failure[0])
             raise failure[0]
         return info
 
     def _begin_stream(self, name: str) -> None:
         _valid_name(name, "stream name")
-        self._coord.raise_if_failed()
+        self._tasks.raise_if_failed()
         with self._lock:
             if name in self._streams:
                 raise InvalidArgument(
@@ -265,6 +265,7 @@ class SnapshotWriter:
 
     def commit(self, meta: Mapping[str, Any]) -> fmt.Manifest:
         """Verify every chunk is stored, then write the manifest: the snapshot now exists.
+        The same commit the coordinator makes of every node's streams (commit.py).
 
         Raises:
             StorageUnavailable: a chunk is missing or has the wrong size in the store, or the
@@ -272,7 +273,7 @@ class SnapshotWriter:
             InvalidArgument: `meta` is not JSON-serializable, or a stream is still being
                 written.
         """
-        self._coord.raise_if_failed()
+        self._tasks.raise_if_failed()
         with self._lock:
             pending = [n for n, s in self._streams.items() if s is None]
             if pending:
@@ -280,50 +281,32 @@ class SnapshotWriter:
                     f"cannot commit snapshot {self.snapshot_id!r}: streams {pending} unfinished",
                     "wait for every write_stream/add_directory to return before commit",
                 )
-            streams = {n: s for n, s in self._streams.items() if s is not None}
-        manifest = fmt.Manifest(
-            snapshot_id=self.snapshot_id, created_at=time.time(), meta=dict(meta), streams=streams
-        )
+            streams = {n: s.to_dict() for n, s in self._streams.items() if s is not None}
+            self._written.add(fmt.manifest_key(self.snapshot_id))
         try:
-            body = manifest.to_json()
-        except fmt.ManifestError as e:
-            raise InvalidArgument(str(e), "pass only JSON-serializable values in meta") from e
-        self._verify_stored(manifest)
-        key = fmt.manifest_key(self.snapshot_id)
-        if self.store.head(key) is not None:
-            raise InvalidArgument(
-                f"snapshot {self.snapshot_id!r} was committed by someone else meanwhile",
-                "use a unique snapshot id per freeze",
-            )
-        with self._lock:
-            self._written.add(key)
-        self.store.put_bytes(key, body)
-        self._coord.done()
+            manifest = commit_snapshot(self.store, self.snapshot_id, streams, meta)
+        except StorageUnavailable as err:
+            self._tasks.set_exception(err)
+            raise
+        self._tasks.done()
         self.committed = manifest
         return manifest
-
-    def _verify_stored(self, manifest: fmt.Manifest) -> None:
-        try:
-            check_stored(self.store, manifest, self._workers)
-        except StorageUnavailable as err:
-            self._coord.set_exception(err)
-            raise
 
     def release(self) -> None:
         """Release the worker threads, keeping every chunk written: for a writer whose streams
         are committed elsewhere (the coordinator's commit_snapshot gathers every node's). A
         later `abort` still deletes the chunks; without one they are a committed snapshot's,
         or orphans for `snapshotter gc`."""
-        self._coord.release_workers()
+        self._tasks.release_workers()
 
     def abort(self) -> list[str]:
         """Give up on this snapshot: wait for running uploads, delete every chunk written so
         far (best effort). Returns the keys that could not be deleted (left for gc). After a
         successful commit this does nothing: delete a committed snapshot with
         `delete_snapshot`."""
-        if self._coord.status is TransferStatus.DONE:
+        if self._tasks.status is TransferStatus.DONE:
             return []
-        self._coord.abort()
+        self._tasks.abort()
         return list(self._undeleted)
 
     def _delete_written(self) -> None:
@@ -361,7 +344,7 @@ class SnapshotWriter:
         exc: BaseException | None,
         tb: TracebackType | None,
     ) -> None:
-        if self._coord.status is not TransferStatus.DONE:
+        if self._tasks.status is not TransferStatus.DONE:
             if exc is None:
                 log.warning("snapshot %s left without commit; aborting", self.snapshot_id)
             self.abort()

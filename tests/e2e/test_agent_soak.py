@@ -64,5 +64,5 @@ def test_sixty_jobs_leak_nothing(snap: SnapCli, tmp_path: Path) -> None:
     st = snap.json("status")
     me = st["coordinator"]["resources"]
     assert me["pid"] == end.pid and me["zombies"] == 0 and me["children"] == 0
-    assert [n["resources"]["pid"] for n in st["nodes"]] == [end.pid]
+    assert [n["agent"]["resources"]["pid"] for n in st["nodes"]] == [end.pid]
     assert abs(me["threads"] - end.threads) <= THREAD_SLACK

@@ -21,7 +21,8 @@ from typing import Any
 
 import pytest
 
-from snapshotter.rpc.wire import Client
+from snapshotter.rpc.client import Target, coordinator_client
+from snapshotter.v1 import coordinator_pb2 as cpb
 from tests.support.cli import ROOT
 from tests.support.multinode import Deployment, Op, rank_sandbox_pids, skip_without_nodes
 from tests.support.netns import Cluster
@@ -203,23 +204,22 @@ def test_a_replaced_coordinator_is_fenced(healthy: Deployment, tmp_path: Path) -
     second = f"{dep.ctl.ip}:7072"
     proc = dep.ctl.popen(
         [sys.executable, "-m", "snapshotter", "coordinator", "--listen", second,
-         "--store", dep.store_url],
+         "--store", dep.store_url, "--tls-dir", str(dep.tls_dir)],
         env=dep._env(dep.root / "coord2-home"), stdout=log, stderr=log, cwd=ROOT,
     )  # fmt: skip
     log.close()
     try:
-        c2 = Client(second, "snapshotter.Coordinator")
         deadline = time.monotonic() + 60
-        while True:
-            try:
-                c2.call("Ping", timeout=3)
-                break
-            except Exception:  # noqa: BLE001 - not up yet
-                assert time.monotonic() < deadline and proc.poll() is None
-                time.sleep(0.3)
+        while dep.ping(second) is None:
+            assert time.monotonic() < deadline and proc.poll() is None
+            time.sleep(0.3)
         for n in ("a", "b"):
+            # What each node's agent would send, with that node's certificate.
             node = dep.cluster[n]
-            c2.call("RegisterAgent", {"name": n, "address": f"{node.ip}:7071", "host": node.ip})
+            c2 = coordinator_client(Target(second, tls=dep.tls(f"nodes/{n}")), peer="agent")
+            req = cpb.RegisterAgentRequest(name=n, address=f"{node.ip}:7071", host=node.ip)
+            c2.stub.RegisterAgent(req, timeout=10)
+            c2.close()
         new = dict(dep.cli.env, SNAPSHOTTER_COORDINATOR=second)
         p = subprocess.run([sys.executable, "-m", "snapshotter", "freeze", job, "--json"],
                            env=new, cwd=ROOT, capture_output=True, text=True, timeout=300)

@@ -16,7 +16,7 @@ from typing import Any
 
 import pytest
 
-import coordinator.gc as gc
+import snapshotter.coordinator.gc as gc
 from snapshotter.storage import (
     LocalDirStore,
     ObjectStore,

@@ -15,8 +15,8 @@ import pytest
 from snapshotter import errors
 from snapshotter.gpu.api import ProcessState
 from snapshotter.gpu.cuda import CudaDriver
-from snapshotter.gpu.fake import CUresult, FakeCudaDriver, FakeGpu
 from snapshotter.gpu.stage import GpuStage, GpuStageSettings, sandbox_pids
+from snapshotter.testing.gpu_fake import CUresult, FakeCudaDriver, FakeGpu
 
 pytestmark = pytest.mark.timeout(60)
 

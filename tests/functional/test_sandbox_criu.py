@@ -331,11 +331,13 @@ def test_forks_of_one_snapshot_have_private_tmpdirs(sandboxes: Sandboxes, tmp_pa
         seen = len(o.lines)
         for k in range(3):
             assert o.wait_for(r"^worker \d+ (\S+)$", start=seen + k).group(1) == mnt[i]
-    # From outside, each copy's socket answers with its own namespace and its own count.
+    # From outside, each copy's socket answers with its own namespace and its own count (its
+    # worker connects too, every 50 ms, so the count may have moved on by more than one).
     for i, sb in enumerate(everyone):
         first, ns = _ask(sb, tmp)
         assert ns == mnt[i]
-        assert _ask(sb, tmp) == (first + 1, mnt[i])
+        second, ns = _ask(sb, tmp)
+        assert ns == mnt[i] and second > first
     assert not os.path.exists(f"{tmp}/pymp-x")
     for sb in everyone:
         assert sb.poll() is None

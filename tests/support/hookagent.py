@@ -1,6 +1,6 @@
-"""A fake node agent for the hook's functional tests: real store server, real rank processes.
+"""A fake node agent for the hook's functional tests: real rendezvous server, real rank processes.
 
-It starts `python -m snapshotter.hook.store_server`, launches N ranks through
+It starts `python -m snapshotter.hook.rdzv_server`, launches N ranks through
 `python -m snapshotter.hook.bootstrap script.py` with a torchrun-like environment and the two
 control pipes at fds 3 and 4, and speaks the control protocol to them. `close()` kills every
 process it started, by pid.
@@ -21,6 +21,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from snapshotter.hook import protocol
 from snapshotter.hook.sockets import TcpSocket, tcp_sockets
 
 REPO = Path(__file__).resolve().parents[2]
@@ -32,9 +33,9 @@ class AgentError(AssertionError):
     pass
 
 
-def start_store_server(host: str = "127.0.0.1") -> tuple[subprocess.Popen[str], int]:
+def start_rdzv_server(host: str = "127.0.0.1") -> tuple[subprocess.Popen[str], int]:
     proc = subprocess.Popen(
-        [PY, "-m", "snapshotter.hook.store_server", "--host", host, "--port", "0"],
+        [PY, "-m", "snapshotter.hook.rdzv_server", "--host", host, "--port", "0"],
         stdin=subprocess.PIPE,
         stdout=subprocess.PIPE,
         text=True,
@@ -44,7 +45,7 @@ def start_store_server(host: str = "127.0.0.1") -> tuple[subprocess.Popen[str], 
     line = proc.stdout.readline()
     if not line:
         proc.kill()
-        raise AgentError("store server exited before printing its address")
+        raise AgentError("rendezvous server exited before printing its address")
     return proc, int(json.loads(line)["port"])
 
 
@@ -84,7 +85,7 @@ class FakeAgent:
         self.script = str(JOBS / script)
         self.args = args
         self.world_size = world_size
-        self.store_proc, self.port = start_store_server()
+        self.rdzv_proc, self.port = start_rdzv_server()
         self.epoch = 0
         self.ranks: list[Rank] = []
         self._freeze_n = 0
@@ -187,12 +188,12 @@ class FakeAgent:
                     f"rank {rk.rank} exited {rc}; last output:\n" + "\n".join(rk.lines[-40:])
                 )
 
-    def restart_store(self) -> None:
-        """Stop the store server and start a fresh one on a new port (as on a new node)."""
+    def restart_rdzv(self) -> None:
+        """Stop the rendezvous server and start a fresh one on a new port (as on a new node)."""
         old = self.port
-        self.store_proc.terminate()
-        self.store_proc.wait(10)
-        self.store_proc, self.port = start_store_server()
+        self.rdzv_proc.terminate()
+        self.rdzv_proc.wait(10)
+        self.rdzv_proc, self.port = start_rdzv_server()
         assert self.port != old
 
     def close(self) -> None:
@@ -206,7 +207,7 @@ class FakeAgent:
                 os.close(rk.cmd_w)
             except OSError:
                 pass
-        pids.append(self.store_proc.pid)
+        pids.append(self.rdzv_proc.pid)
         for pid in pids:
             try:
                 os.kill(pid, signal.SIGCONT)
@@ -219,14 +220,14 @@ class FakeAgent:
             except subprocess.TimeoutExpired:
                 pass
         try:
-            self.store_proc.wait(10)
+            self.rdzv_proc.wait(10)
         except subprocess.TimeoutExpired:
             pass
 
     # ---- protocol --------------------------------------------------------------------------
 
     def send(self, rank: int, msg: dict[str, Any]) -> None:
-        os.write(self.ranks[rank].cmd_w, (json.dumps(msg) + "\n").encode())
+        os.write(self.ranks[rank].cmd_w, protocol.encode(msg))
 
     def expect(self, rank: int, op: str, timeout: float = 30.0) -> dict[str, Any]:
         try:
@@ -261,18 +262,11 @@ class FakeAgent:
         self.all({"op": "suspend", "freeze": fid}, "suspended")
         if check is not None:
             check()
-        self.restart_store()
+        self.restart_rdzv()
         self.epoch += 1
+        env = {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.port)}
         self.all(
-            {
-                "op": "resume",
-                "freeze": fid,
-                "store": {"host": "127.0.0.1", "port": self.port},
-                "epoch": self.epoch,
-                "env": {"MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(self.port)},
-            },
-            "resumed",
-            timeout=60,
+            protocol.resume(fid, str(self.epoch), "127.0.0.1", self.port, env), "resumed", 60
         )
         return parks
 

@@ -8,6 +8,8 @@ its own network namespace (tests/support/netns.py), driven through the real CLI.
 
 Each agent has its own SNAPSHOTTER_HOME (its work dirs, rank logs and sandbox dirs), all share
 the snapshot store (a directory every namespace sees, or the S3 server on the bridge address).
+Everything talks mutual TLS: the deployment makes its CA and certificates with the real
+`snapshotter certs init` (coordinator, one per agent, an admin client for the CLI).
 Processes are started with `Node.popen`, so `Cluster.close()` kills them, ranks included; the
 deployment also stops them itself, by pid, when closed. Used by tests/e2e and bench/.
 """
@@ -25,7 +27,10 @@ import time
 from pathlib import Path
 from typing import Any
 
-from snapshotter.rpc.wire import Client
+from snapshotter.rpc.client import Target, agent_client, coordinator_client
+from snapshotter.rpc.convert import plain
+from snapshotter.rpc.tls import TlsFiles
+from snapshotter.v1 import common_pb2
 from tests.support.cli import TRAIN, SnapCli
 from tests.support.netns import Cluster, _pids_in_netns, netns_unavailable
 from tests.support.procs import CENSUS
@@ -98,8 +103,27 @@ class Deployment:
         self.coordinator = f"{self.ctl.ip}:{COORD_PORT}"
         self.agents: dict[str, subprocess.Popen[Any]] = {}
         self.coord_proc: subprocess.Popen[Any] | None = None
-        env = {"SNAPSHOTTER_COORDINATOR": self.coordinator, **self.store_env}
+        self.tls_dir = root / "tls"
+        env = {
+            "SNAPSHOTTER_COORDINATOR": self.coordinator,
+            "SNAPSHOTTER_TLS_DIR": str(self.tls_dir),
+            **self.store_env,
+        }
         self.cli = MultiCli(self, root / "cli-home", env)
+
+    def make_certs(self) -> None:
+        """The cluster's CA and certificates, through the real CLI (once per deployment)."""
+        if (self.tls_dir / "ca.crt").exists():
+            return
+        nodes = ",".join(n.name for n in self.cluster if n is not self.ctl)
+        subprocess.run(
+            [sys.executable, "-m", "snapshotter", "certs", "init", str(self.tls_dir),
+             "--nodes", nodes, "--client", "admin:admin", "--client", "viewer:viewer"],
+            check=True, capture_output=True, cwd=ROOT, timeout=60,
+        )  # fmt: skip
+
+    def tls(self, name: str = "clients/admin") -> TlsFiles:
+        return TlsFiles.in_dir(self.tls_dir, name)
 
     def home(self, node: str) -> Path:
         return self.root / f"home-{node}"
@@ -116,7 +140,7 @@ class Deployment:
         log = open(self.root / "coordinator.log", "ab")  # noqa: SIM115 - the child keeps it
         self.coord_proc = self.ctl.popen(
             [sys.executable, "-m", "snapshotter", "coordinator", "--listen", self.coordinator,
-             "--store", self.store_url, "--agent-ttl", "6"],
+             "--store", self.store_url, "--agent-ttl", "6", "--tls-dir", str(self.tls_dir)],
             env=self._env(self.root / "coord-home"), stdout=log, stderr=log, cwd=ROOT,
         )  # fmt: skip
         log.close()
@@ -129,23 +153,29 @@ class Deployment:
         self.agents[name] = node.popen(
             [sys.executable, "-m", "snapshotter", "agent", "--listen", f"{node.ip}:{AGENT_PORT}",
              "--coordinator", self.coordinator, "--name", name, "--store", self.store_url,
-             "--heartbeat", "1", "--freeze-lease", str(self.freeze_lease_s)],
+             "--heartbeat", "1", "--freeze-lease", str(self.freeze_lease_s),
+             "--tls-dir", str(self.tls_dir), "--allow-cwd", str(ROOT)],
             env=self._env(self.home(name)), stdout=log, stderr=log, cwd=ROOT,
         )  # fmt: skip
         log.close()
         CENSUS.keep(self.agents[name].pid, "module", "multi-node deployment")
-        agent = Client(f"{node.ip}:{AGENT_PORT}", "snapshotter.Agent")
+        agent = agent_client(
+            Target(f"{node.ip}:{AGENT_PORT}", tls=self.tls(), server_name=name), peer="cli"
+        )
 
         seen: dict[str, str] = {}
 
         def answers() -> bool:
             try:
-                seen["incarnation"] = agent.call("Ping", timeout=3)["incarnation"]
+                seen["incarnation"] = agent.stub.Ping(common_pb2.Empty(), timeout=3).incarnation
                 return True
             except Exception:  # noqa: BLE001 - not up yet
                 return False
 
-        self._wait(answers, f"agent {name} to answer", self.agents[name])
+        try:
+            self._wait(answers, f"agent {name} to answer", self.agents[name])
+        finally:
+            agent.close()
 
         def registered() -> bool:  # this incarnation, not a predecessor at the same address
             info = self.ping()
@@ -156,6 +186,7 @@ class Deployment:
 
     def start(self, agents: list[str]) -> None:
         self.root.mkdir(parents=True, exist_ok=True)
+        self.make_certs()
         self.start_coordinator()
         for a in agents:
             self.start_agent(a)
@@ -168,11 +199,14 @@ class Deployment:
 
         self._wait(ready, f"agents {names} to register", None)
 
-    def ping(self) -> dict[str, Any] | None:
+    def ping(self, address: str | None = None) -> dict[str, Any] | None:
+        c = coordinator_client(Target(address or self.coordinator, tls=self.tls()))
         try:
-            return Client(self.coordinator, "snapshotter.Coordinator").call("Ping", timeout=3)
+            return plain(c.stub.Ping(common_pb2.Empty(), timeout=3))
         except Exception:  # noqa: BLE001 - not up yet
             return None
+        finally:
+            c.close()
 
     def _wait(self, ok: Any, what: str, proc: subprocess.Popen[Any] | None) -> None:
         deadline = time.monotonic() + 60

@@ -124,7 +124,9 @@ class Soak:
             self.cli.wait_step(job, 5)
             self._freeze(job)
         st = self.cli.wait(job, timeout=300)
-        assert st["state"] == "SUCCEEDED", f"job {i} ({job}) ended {st['state']}: {st}"
+        assert st["state"] == "SUCCEEDED", (
+            f"job {i} ({job}) ended {st['state']}: {st}\n{self.diagnose(job, st)}"
+        )
         assert json.loads(out.read_text())["steps"] > 0
         self.report.count("succeeded")
         if i in REFUSE_AFTER:
@@ -154,6 +156,32 @@ class Soak:
         codes = {r["rank"]: r["exit_code"] for r in st["ranks"]}
         assert codes[1] == 128 + signal.SIGKILL, codes
         self.report.count("rank_killed")
+
+    def diagnose(self, job: str, st: dict[str, Any]) -> str:
+        """What a person needs to see about a job that did not end as it should: the state
+        of every process of its sandboxes, and the tail of each rank's log."""
+        out = []
+        for r in st.get("ranks", []):
+            pids = [r["pid"]]
+            child = rank_process(r["pid"])
+            while child is not None:
+                pids.append(child)
+                child = rank_process(child)
+            for pid in pids:
+                try:
+                    stat = Path(f"/proc/{pid}/stat").read_text().split()
+                    wchan = Path(f"/proc/{pid}/wchan").read_text()
+                    out.append(f"rank {r['rank']} pid {pid}: state {stat[2]} wchan {wchan}")
+                except OSError:
+                    out.append(f"rank {r['rank']} pid {pid}: gone")
+            try:
+                tail = self.cli.log_path(job, r["rank"]).read_text(errors="replace")[-1500:]
+            except OSError:
+                tail = "(no log)"
+            out.append(f"--- rank {r['rank']} log tail:\n{tail}")
+        for log in sorted(self.cli.home.glob("*.log")):
+            out.append(f"--- {log.name}:\n{log.read_text(errors='replace')[-3000:]}")
+        return "\n".join(out)
 
     def settle(self, timeout: float = 30.0) -> Sample:
         """Wait until no agent has children or zombies left (they are reaped within the

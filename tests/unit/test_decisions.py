@@ -4,7 +4,8 @@ from datetime import UTC, datetime
 
 import pytest
 
-from coordinator.decisions import (
+from snapshotter import errors
+from snapshotter.coordinator.decisions import (
     JobPhase,
     exit_code,
     job_phase,
@@ -12,7 +13,6 @@ from coordinator.decisions import (
     snapshot_id,
     thaw_job_id,
 )
-from snapshotter import errors
 
 
 def test_targets_are_one_past_the_max_per_group() -> None:

@@ -6,11 +6,11 @@ import json
 
 import pytest
 
-from coordinator.epoch import next_epoch
-from coordinator.freeze import lost_text
 from snapshotter import errors
 from snapshotter.agent.fencing import Fence, admits
 from snapshotter.agent.netenv import node_network_env
+from snapshotter.coordinator.epoch import next_epoch
+from snapshotter.coordinator.freeze import lost_text
 
 
 def test_admits_only_the_newest_token() -> None:

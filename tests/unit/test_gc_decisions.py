@@ -4,8 +4,8 @@ import math
 
 import pytest
 
-from coordinator.gc import IN_PROGRESS, check_min_age, collectable
 from snapshotter import errors
+from snapshotter.coordinator.gc import IN_PROGRESS, check_min_age, collectable
 
 NOW = 1_800_000_000.0
 HOUR = 3600.0

@@ -14,7 +14,7 @@ import pytest
 from snapshotter import errors
 from snapshotter.gpu.api import ProcessState, uuid_bytes, uuid_str
 from snapshotter.gpu.cuda import CudaDriver, detect, open_gpu_minors, parse_information
-from snapshotter.gpu.fake import CUresult, FakeCudaDriver, FakeGpu
+from snapshotter.testing.gpu_fake import CUresult, FakeCudaDriver, FakeGpu
 
 pytestmark = pytest.mark.timeout(30)
 

@@ -1,6 +1,6 @@
 """The rank environment matches torchrun's, and the node's settings win."""
 
-from snapshotter.launch.env import StoreAddress, placements, rank_argv, rank_env, resume_env
+from snapshotter.launch.env import RdzvAddress, placements, rank_argv, rank_env, resume_env
 
 
 def test_placements_are_node_major() -> None:
@@ -15,7 +15,7 @@ def test_rank_env_sets_torchrun_variables() -> None:
     env = rank_env(
         {"PATH": "/bin", "GLOO_SOCKET_IFNAME": "eth9"},
         p,
-        StoreAddress("10.0.0.1", 1234),
+        RdzvAddress("10.0.0.1", 1234),
         "job-x",
         {"GLOO_SOCKET_IFNAME": "veth0"},
     )
@@ -32,12 +32,12 @@ def test_rank_env_sets_torchrun_variables() -> None:
 
 def test_user_omp_setting_is_kept() -> None:
     p = placements(1, 2, 0)[0]
-    env = rank_env({"OMP_NUM_THREADS": "4"}, p, StoreAddress("h", 1), "j")
+    env = rank_env({"OMP_NUM_THREADS": "4"}, p, RdzvAddress("h", 1), "j")
     assert env["OMP_NUM_THREADS"] == "4"
 
 
-def test_resume_env_points_at_the_new_store() -> None:
-    env = resume_env(StoreAddress("10.1.1.1", 99), {"NCCL_SOCKET_IFNAME": "ib0"})
+def test_resume_env_points_at_the_new_rdzv_server() -> None:
+    env = resume_env(RdzvAddress("10.1.1.1", 99), {"NCCL_SOCKET_IFNAME": "ib0"})
     assert env == {"MASTER_ADDR": "10.1.1.1", "MASTER_PORT": "99", "NCCL_SOCKET_IFNAME": "ib0"}
 
 

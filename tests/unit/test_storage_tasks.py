@@ -1,4 +1,4 @@
-"""TransferCoordinator: bounded in-flight tasks, first failure wins, cleanups once."""
+"""TransferTasks: bounded in-flight tasks, first failure wins, cleanups once."""
 
 from __future__ import annotations
 
@@ -6,13 +6,13 @@ import threading
 
 import pytest
 
-from snapshotter.storage.coordinator import TransferCoordinator, TransferStatus
+from snapshotter.storage.tasks import TransferStatus, TransferTasks
 
 pytestmark = pytest.mark.timeout(10)
 
 
 def test_runs_tasks_and_finishes() -> None:
-    c = TransferCoordinator(workers=2, max_in_flight=4)
+    c = TransferTasks(workers=2, max_in_flight=4)
     futures = [c.submit(lambda x: x * 2, i) for i in range(20)]
     c.done()
     assert [f.result() for f in futures] == [i * 2 for i in range(20)]
@@ -20,7 +20,7 @@ def test_runs_tasks_and_finishes() -> None:
 
 
 def test_bounds_tasks_in_flight() -> None:
-    c = TransferCoordinator(workers=2, max_in_flight=3)
+    c = TransferTasks(workers=2, max_in_flight=3)
     release = threading.Event()
     lock = threading.Lock()
     live = [0, 0]  # current, max
@@ -51,7 +51,7 @@ def test_bounds_tasks_in_flight() -> None:
 
 
 def test_first_exception_wins_and_stops_submissions() -> None:
-    c = TransferCoordinator(workers=1, max_in_flight=1)
+    c = TransferTasks(workers=1, max_in_flight=1)
 
     def boom(msg: str) -> None:
         raise OSError(msg)
@@ -68,7 +68,7 @@ def test_first_exception_wins_and_stops_submissions() -> None:
 
 
 def test_abort_runs_cleanups_once_in_reverse_and_survives_failing_ones() -> None:
-    c = TransferCoordinator(workers=1, max_in_flight=1)
+    c = TransferTasks(workers=1, max_in_flight=1)
     ran: list[str] = []
     c.add_cleanup(lambda: ran.append("chunks"))
 
@@ -88,7 +88,7 @@ def test_abort_runs_cleanups_once_in_reverse_and_survives_failing_ones() -> None
 
 
 def test_done_drops_cleanups() -> None:
-    c = TransferCoordinator(workers=1, max_in_flight=1)
+    c = TransferTasks(workers=1, max_in_flight=1)
     ran: list[str] = []
     c.add_cleanup(lambda: ran.append("x"))
     c.done()

@@ -1,6 +1,6 @@
 """The job's c10d TCPStore server, hosted outside the ranks so no rank owns a listening socket.
 
-    python -m snapshotter.hook.store_server --host H --port 0
+    python -m snapshotter.hook.rdzv_server --host H --port 0
 
 Prints one JSON line {"host": H, "port": P} on stdout once the store listens, then serves until
 SIGTERM/SIGINT or EOF on stdin. The agent starts it with the job's Python (it needs torch), and
@@ -19,7 +19,7 @@ from datetime import timedelta
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m snapshotter.hook.store_server")
+    parser = argparse.ArgumentParser(prog="python -m snapshotter.hook.rdzv_server")
     parser.add_argument("--host", default="127.0.0.1")
     parser.add_argument("--port", type=int, default=0)
     parser.add_argument("--timeout-s", type=float, default=1800.0)

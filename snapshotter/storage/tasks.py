@@ -1,7 +1,7 @@
-"""One coordinator per transfer: it owns the tasks, their status, the first failure and the
-cleanups to run if the transfer does not finish.
+"""One owner per transfer (`TransferTasks`): it owns the tasks, their status, the first failure
+and the cleanups to run if the transfer does not finish.
 
-Modelled on s3transfer's TransferCoordinator: tasks are submitted through the coordinator,
+Modelled on s3transfer's TransferCoordinator: tasks are submitted through the owner,
 which bounds how many are in flight (and so how much memory their buffers hold), records the
 first exception any of them raises, refuses new work once one has failed, and runs the
 registered cleanups (delete the chunks written so far) exactly once on abort. It knows nothing
@@ -40,7 +40,7 @@ class TransferStatus(enum.Enum):
     ABORTED = "aborted"
 
 
-class TransferCoordinator:
+class TransferTasks:
     """Runs tasks on a bounded thread pool; at most `max_in_flight` are submitted and not
     finished at any time (`submit` blocks the caller until one finishes)."""
 

@@ -134,7 +134,7 @@ class ResumableStore(dist.Store):
         return self._store().list_keys()
 
 
-class StoreRegistry:
+class RdzvRegistry:
     """Every ResumableStore handed out by the wrapped rendezvous handlers, kept alive here.
 
     pybind's trampoline keeps only the C++ half alive; the Python object must outlive every
@@ -163,7 +163,7 @@ Handler = Callable[..., Iterator[tuple[dist.Store, int, int]]]
 
 
 def wrap_rendezvous(
-    registry: StoreRegistry,
+    registry: RdzvRegistry,
     gate: Callable[[], AbstractContextManager[None]],
     schemes: tuple[str, ...] = ("env", "tcp"),
 ) -> None:
@@ -180,7 +180,7 @@ def wrap_rendezvous(
 
 
 def _wrapped(
-    original: Handler, registry: StoreRegistry, gate: Callable[[], AbstractContextManager[None]]
+    original: Handler, registry: RdzvRegistry, gate: Callable[[], AbstractContextManager[None]]
 ) -> Handler:
     def handler(*args: Any, **kwargs: Any) -> Iterator[tuple[dist.Store, int, int]]:
         inner: Any = original(*args, **kwargs)

@@ -1,0 +1,428 @@
+"""The coordinator: owns jobs, places them on node agents and runs their freezes and thaws.
+
+It keeps which job runs on which agents and which operation holds a job; the agents own the
+processes, and the object store's manifests are the truth about snapshots (snapshots.py).
+Nothing here outlives the process: after a restart, agents re-register (their heartbeat) and
+report their jobs, so a new coordinator picks up where the old one was. Decisions are pure
+functions in decisions.py; the phased operations are freeze.py and thaw.py.
+"""
+
+from __future__ import annotations
+
+import logging
+import os
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+from snapshotter import __version__, errors
+from snapshotter.agent.retention import jobs_to_forget
+from snapshotter.coordinator.agents import AgentHandle, on_all, open_rdzv_req
+from snapshotter.coordinator.decisions import JobPhase, exit_code, job_phase, place, thaw_job_id
+from snapshotter.coordinator.freeze import FreezeOperation, FreezeSettings
+from snapshotter.coordinator.thaw import ThawOperation
+from snapshotter.launch.spec import JobSpec, new_job_id, validate_job_id
+from snapshotter.procutil import resources
+from snapshotter.rpc.auth import Role
+from snapshotter.rpc.client import Target
+from snapshotter.rpc.server import caller, caller_active
+from snapshotter.storage.api import ObjectStore
+from snapshotter.storage.transfer import SnapshotReader
+from snapshotter.v1 import agent_pb2, common_pb2, coordinator_pb2
+
+log = logging.getLogger(__name__)
+pb = coordinator_pb2
+WEEK_S = 7 * 24 * 3600.0
+
+
+@dataclass
+class JobRecord:
+    spec: JobSpec
+    nodes: list[str]
+    busy: str | None = None
+    snapshots: list[str] = field(default_factory=list)
+    thawed_from: str | None = None
+    lock: threading.Lock = field(default_factory=threading.Lock)
+    # Wall time the job was first seen finished (None while it is not).
+    ended: float | None = None
+
+
+# How the coordinator reaches an agent that registered with this address and name.
+AgentTarget = Callable[[str, str], Target]
+
+
+class Coordinator:
+    def __init__(
+        self,
+        store: ObjectStore,
+        store_url: str,
+        agent_target: AgentTarget,
+        token: tuple[int, str] | None = None,
+        agent_ttl: float = 15.0,
+        keep_finished_jobs: int = 100,
+    ) -> None:
+        self.store = store
+        self.store_url = store_url
+        self.agent_target = agent_target
+        self.token = token
+        self.agent_ttl = agent_ttl
+        self.keep_finished_jobs = keep_finished_jobs
+        self._agents: dict[str, AgentHandle] = {}
+        self._jobs: dict[str, JobRecord] = {}
+        # Snapshots this coordinator's freezes are writing now: never garbage to gc.
+        self.writing: set[str] = set()
+        self._lock = threading.Lock()
+
+    # ---- agents ------------------------------------------------------------------------------
+
+    def register_agent(self, req: pb.RegisterAgentRequest) -> pb.RegisterAgentReply:
+        """An agent announces itself (at start, then as a heartbeat). A new, moved or restarted
+        agent gets a new handle (a fresh connection) and is asked for its jobs, so a restarted
+        coordinator re-learns what runs where."""
+        who = caller()
+        if who is not None and who.via == "certificate" and who.name != req.name:
+            raise errors.PermissionDenied(
+                f"node certificate {who.name!r} may not register as node {req.name!r}",
+                "start the agent with --name matching its certificate",
+                right="REGISTER",
+                identity=str(who),
+            )
+        if who is not None and who.role not in (Role.NODE, Role.ROOT):
+            log.warning("agent %s registered by %s", req.name, who)
+        seen = time.monotonic() if req.heartbeat else None
+        replaced: AgentHandle | None = None
+        with self._lock:
+            old = self._agents.get(req.name)
+            fresh = old is None or old.address != req.address or old.incarnation != req.incarnation
+            if fresh:
+                replaced = old
+                old = AgentHandle(
+                    name=req.name, address=req.address, host=req.host,
+                    target=self.agent_target(req.address, req.name),
+                    incarnation=req.incarnation, version=req.version,
+                )  # fmt: skip
+                self._agents[req.name] = old
+            assert old is not None
+            handle = old
+            handle.seen = seen
+        if replaced is not None:
+            replaced.close()  # one channel per agent: the old incarnation's is dead
+        if fresh:
+            try:
+                self._learn(handle)
+            except errors.SnapshotterError as e:
+                log.warning("could not learn the jobs of agent %s: %s", req.name, e)
+        reply = pb.RegisterAgentReply(registered=req.name)
+        if self.token is not None:
+            reply.fence.CopyFrom(pb.Fence(epoch=self.token[0], id=self.token[1]))
+        return reply
+
+    def _learn(self, agent: AgentHandle) -> None:
+        by_job: dict[str, list[str]] | None = None  # the store's snapshots, read once if needed
+        for j in agent.stub.Jobs(common_pb2.Empty(), timeout=10).jobs:
+            spec = JobSpec.from_proto(j.spec)
+            with self._lock:
+                rec = self._jobs.get(spec.job_id)
+                learned = rec is None
+                if rec is None:
+                    rec = JobRecord(spec=spec, nodes=[""] * spec.nnodes)
+                    self._jobs[spec.job_id] = rec
+                if 0 <= j.node_rank < len(rec.nodes) and not rec.nodes[j.node_rank]:
+                    rec.nodes[j.node_rank] = agent.name
+            if learned:
+                if by_job is None:
+                    from snapshotter.coordinator.snapshots import list_snapshots
+
+                    by_job = {}
+                    for snap in list_snapshots(self.store, "").snapshots:
+                        by_job.setdefault(snap.job_id, []).append(snap.snapshot_id)
+                rec.snapshots = by_job.get(spec.job_id, [])
+                log.info("learned job %s from agent %s", spec.job_id, agent.name)
+
+    def _live(self, a: AgentHandle, now: float) -> bool:
+        return a.seen is None or now - a.seen <= self.agent_ttl
+
+    def live_agents(self) -> dict[str, AgentHandle]:
+        now = time.monotonic()
+        with self._lock:
+            return {n: a for n, a in self._agents.items() if self._live(a, now)}
+
+    def _place(self, nnodes: int, requested: list[str]) -> list[AgentHandle]:
+        live = self.live_agents()
+        return [live[n] for n in place(nnodes, requested, live)]
+
+    def nodes(self) -> pb.NodeList:
+        """Every registered agent as it answers now."""
+        now = time.monotonic()
+        with self._lock:
+            agents = sorted(self._agents.values(), key=lambda a: a.name)
+        out = on_all(agents, lambda a: a.stub.Ping(common_pb2.Empty(), timeout=5))
+        reply = pb.NodeList()
+        for a in agents:
+            row = reply.nodes.add(name=a.name, address=a.address, live=self._live(a, now))
+            if a.seen is not None:
+                row.heartbeat_age_s = now - a.seen
+            if a.name in out.results:
+                row.agent.CopyFrom(out.results[a.name])
+            else:
+                row.error = str(out.failures[a.name])
+        return reply
+
+    def ping(self) -> pb.CoordinatorInfo:
+        live = self.live_agents()
+        info = pb.CoordinatorInfo(
+            version=__version__,
+            pid=os.getpid(),
+            store=self.store_url,
+            agents=sorted(live),
+            incarnations={n: a.incarnation for n, a in live.items()},
+            resources=common_pb2.Resources(**resources().to_dict()),
+        )
+        if self.token is not None:
+            info.fence.CopyFrom(pb.Fence(epoch=self.token[0], id=self.token[1]))
+        return info
+
+    # ---- jobs --------------------------------------------------------------------------------
+
+    def _job(self, job_id: str) -> JobRecord:
+        with self._lock:
+            rec = self._jobs.get(job_id)
+        if rec is None:
+            raise errors.JobNotFound(job_id)
+        return rec
+
+    def _handles(self, rec: JobRecord) -> list[AgentHandle]:
+        """The job's agents in node-rank order (nodes not yet re-learned are left out)."""
+        with self._lock:
+            return [self._agents[n] for n in rec.nodes if n in self._agents]
+
+    def run(self, req: pb.RunRequest) -> pb.JobStatus:
+        spec = JobSpec(
+            job_id=validate_job_id(req.job_id or new_job_id()),
+            script=req.script,
+            script_args=list(req.script_args),
+            module=req.module,
+            python=req.python,
+            cwd=req.cwd,
+            env=dict(req.env),
+            nnodes=req.nnodes or 1,
+            nproc_per_node=req.nproc_per_node or 1,
+        )
+        spec.check()
+        job_id = spec.job_id
+        agents = self._place(spec.nnodes, list(req.nodes))
+        with self._lock:
+            old = self._jobs.get(job_id)
+        if old is not None and (old.busy or not self._phase(old).terminal):
+            raise errors.InvalidArgument(
+                f"job {job_id} already exists and is not finished", "choose another --job-id"
+            )
+        rec = JobRecord(spec=spec, nodes=[a.name for a in agents], busy="RUNNING")
+        with self._lock:
+            self._jobs[job_id] = rec
+        ref = common_pb2.JobRef(job_id=job_id)
+        try:
+            # Node 0 hosts the rendezvous server; every node's ranks are pointed at it.
+            rdzv = agents[0].stub.OpenRdzv(open_rdzv_req(spec), timeout=90)
+            out = on_all(
+                agents,
+                lambda a: a.stub.Launch(
+                    agent_pb2.LaunchRequest(
+                        spec=spec.to_proto(), node_rank=agents.index(a), rdzv=rdzv
+                    ),
+                    timeout=120,
+                ),
+            )
+            out.raise_first()
+            if not caller_active():
+                raise errors.ServiceUnavailable(
+                    f"the caller gave up on the launch of job {job_id} (its deadline passed)",
+                    "the job was stopped; launch it again",
+                )
+        except BaseException:
+            # Every node, also one whose Launch failed or timed out: a launch still running
+            # there is cancelled half-way and ends what it started.
+            on_all(agents, lambda a: a.stub.Cancel(ref, timeout=60))
+            on_all(agents[:1], lambda a: a.stub.CloseRdzv(ref, timeout=30))
+            with self._lock:
+                self._jobs.pop(job_id, None)
+            raise
+        finally:
+            rec.busy = None
+        self._forget_finished()
+        return self.status(job_id)
+
+    def _forget_finished(self) -> None:
+        """Keep the newest `keep_finished_jobs` finished jobs (none older than a week): a
+        coordinator that runs for weeks must not grow with the jobs it has seen."""
+        with self._lock:
+            finished = {j: r.ended for j, r in self._jobs.items() if r.ended is not None}
+            for j in jobs_to_forget(finished, time.time(), self.keep_finished_jobs, WEEK_S):
+                if self._jobs[j].busy is None:
+                    self._jobs.pop(j, None)
+
+    def _phase(self, rec: JobRecord, views: list[agent_pb2.NodeJob] | None = None) -> JobPhase:
+        if views is None:
+            views = self._node_views(rec)
+        phase = job_phase(rec.busy, [v.state for v in views])
+        # When it was first seen finished (a thaw under the same id makes it live again).
+        rec.ended = (rec.ended or time.time()) if phase.terminal else None
+        return phase
+
+    def _node_views(self, rec: JobRecord) -> list[agent_pb2.NodeJob]:
+        if rec.busy == "THAWING":
+            return []
+        ref = common_pb2.JobRef(job_id=rec.spec.job_id)
+        out = on_all(self._handles(rec), lambda a: a.stub.Status(ref, timeout=10))
+        views = list(out.results.values())
+        views += [agent_pb2.NodeJob(job_id=rec.spec.job_id, state="FAILED") for _ in out.failures]
+        return views
+
+    def status(self, job_id: str) -> pb.JobStatus:
+        rec = self._job(job_id)
+        views = self._node_views(rec)
+        phase = self._phase(rec, views)
+        ranks = sorted((r for v in views for r in v.ranks), key=lambda r: r.rank)
+        st = pb.JobStatus(
+            job_id=job_id,
+            state=phase.value,
+            nodes=rec.nodes,
+            nnodes=rec.spec.nnodes,
+            nproc_per_node=rec.spec.nproc_per_node,
+            script=rec.spec.script,
+            ranks=ranks,
+            snapshots=rec.snapshots,
+            thawed_from=rec.thawed_from or "",
+        )
+        if phase.terminal:
+            codes = [r.exit_code if r.HasField("exit_code") else None for r in ranks]
+            st.exit_code = exit_code(phase, codes)
+        return st
+
+    def jobs(self) -> pb.JobList:
+        with self._lock:
+            ids = list(self._jobs)
+        out = pb.JobList()
+        for j in ids:
+            try:
+                out.jobs.append(self.status(j))
+            except errors.JobNotFound:
+                continue
+        return out
+
+    def wait(self, job_id: str, timeout: float) -> pb.JobStatus:
+        deadline = time.monotonic() + timeout
+        while True:
+            st = self.status(job_id)
+            if JobPhase(st.state).terminal:
+                return st
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return st
+            rec = self._job(job_id)
+            if rec.busy is None:
+                self._wait_agents(rec, min(left, 5.0))
+            else:
+                time.sleep(min(left, 0.5))
+
+    def _wait_agents(self, rec: JobRecord, step: float) -> None:
+        req = common_pb2.WaitRequest(job_id=rec.spec.job_id, timeout_s=step)
+        on_all(self._handles(rec), lambda a: a.stub.Wait(req, timeout=step + 10))
+
+    def cancel(self, job_id: str) -> pb.JobStatus:
+        rec = self._job(job_id)
+        ref = common_pb2.JobRef(job_id=job_id)
+        on_all(self._handles(rec), lambda a: a.stub.Cancel(ref, timeout=60))
+        return self.status(job_id)
+
+    def logs(self, req: common_pb2.LogsRequest) -> Iterator[common_pb2.LogChunk]:
+        rec = self._job(req.job_id)
+        agents = self._handles(rec)
+        if req.HasField("rank"):
+            node = req.rank // rec.spec.nproc_per_node
+            if not 0 <= node < len(agents):
+                raise errors.InvalidArgument(
+                    f"job {rec.spec.job_id} has no rank {req.rank}",
+                    f"ranks are 0..{rec.spec.world_size - 1}",
+                )
+            agents = [agents[node]]
+        for a in agents:
+            yield from a.stub.Logs(req)
+
+    def running_jobs(self) -> list[str]:
+        with self._lock:
+            ids = list(self._jobs)
+        return [j for j in ids if self._is_active(j)]
+
+    def _is_active(self, job_id: str) -> bool:
+        try:
+            return not JobPhase(self.status(job_id).state).terminal
+        except errors.SnapshotterError:
+            return False
+
+    # ---- freeze / thaw -----------------------------------------------------------------------
+
+    def freeze(self, req: pb.FreezeRequest) -> Iterator[pb.FreezeEvent]:
+        rec = self._job(req.job_id)
+        if not rec.lock.acquire(blocking=False):
+            raise errors.FreezeRefused(
+                f"another freeze or thaw of job {rec.spec.job_id} is in progress",
+                "wait for it to finish (`snapshotter status`), then retry",
+            )
+        try:
+            phase = self._phase(rec)
+            if phase is not JobPhase.RUNNING:
+                raise errors.FreezeRefused(
+                    f"job {rec.spec.job_id} is {phase.value}; only a running job can be frozen",
+                    "`snapshotter list` shows its snapshots; `snapshotter thaw` resumes one",
+                )
+            rec.busy = JobPhase.FREEZING.value
+            timeout = req.quiesce_timeout_s if req.HasField("quiesce_timeout_s") else None
+            settings = FreezeSettings(quiesce_timeout=timeout or FreezeSettings.quiesce_timeout)
+            op = FreezeOperation(rec.spec, self._handles(rec), self.store, req.stop, settings,
+                                 on_committed=rec.snapshots.append)  # fmt: skip
+            with self._lock:
+                self.writing.add(op.snapshot_id)
+            try:
+                yield from op.run()
+            finally:
+                with self._lock:
+                    self.writing.discard(op.snapshot_id)
+        finally:
+            rec.busy = None
+            rec.lock.release()
+
+    def thaw(self, req: pb.ThawRequest) -> Iterator[pb.ThawEvent]:
+        snap = req.snapshot_id
+        meta = dict(SnapshotReader(self.store, snap).manifest().meta)
+        spec0 = JobSpec.from_dict(meta["job"])
+        with self._lock:
+            known = list(self._jobs)
+        # Only the source's id and the requested one can clash; ask the agents whether they run.
+        candidates = {spec0.job_id, req.job_id or None}
+        active = [j for j in candidates if j in known and self._is_active(j)]
+        job_id = validate_job_id(thaw_job_id(spec0.job_id, req.job_id or None, active, known))
+        spec = spec0.with_job_id(job_id)
+        agents = self._place(spec.nnodes, list(req.nodes))
+        rec = JobRecord(spec=spec, nodes=[a.name for a in agents], busy="THAWING", thawed_from=snap)
+        with self._lock:
+            if job_id in self._jobs and self._jobs[job_id].busy:
+                raise errors.InvalidArgument(
+                    f"job {job_id} is busy", "choose another --job-id for the thaw"
+                )
+            prev = self._jobs.get(job_id)
+            if prev is not None:
+                rec.snapshots = list(prev.snapshots)
+            self._jobs[job_id] = rec
+        try:
+            yield from ThawOperation(snap, meta, spec, agents).run()
+        except BaseException:
+            with self._lock:
+                if prev is not None:
+                    self._jobs[job_id] = prev
+                else:
+                    self._jobs.pop(job_id, None)
+            raise
+        finally:
+            rec.busy = None

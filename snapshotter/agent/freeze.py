@@ -1,0 +1,453 @@
+"""The freeze phases on one node, and the lease that ends a freeze its coordinator abandoned.
+
+The coordinator drives a freeze across every agent of a job (snapshotter/coordinator/
+freeze.py); each phase here acts on all of this node's ranks at once and only reports: the
+coordinator decides whether the freeze goes on. No phase may leave a rank parked or
+suspended when it fails: the coordinator's Abort or Resume puts the ranks back, and if the
+coordinator goes silent (or a newer one appears), the lease does it here.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import enum
+import logging
+import shutil
+import threading
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+
+from snapshotter import errors
+from snapshotter.agent.runtime import JobTable, NodeJob, NodeJobState, RankRuntime
+from snapshotter.config import Paths
+from snapshotter.gpu.stage import GpuHold, GpuStage
+from snapshotter.hook import protocol
+from snapshotter.launch.env import RdzvAddress, resume_env
+from snapshotter.rpc import convert
+from snapshotter.sandbox import criu
+from snapshotter.storage.api import ObjectStore
+from snapshotter.storage.transfer import Progress, SnapshotWriter
+from snapshotter.v1 import agent_pb2, common_pb2
+
+log = logging.getLogger(__name__)
+
+
+class FreezePhase(enum.Enum):
+    """Where one freeze stands on this node.
+
+    ::
+
+        PREPARED --park--> PARKED --suspend--> SUSPENDED --dump--> DUMPED --resume--> RESUMED
+           |                 |                     |                 |                   |
+           '-----abort-------'--abort--> ENDED     '---resume------->|          upload   |
+                                                                     |                   v
+                                  (--stop) upload: DUMPED --> HELD   |               UPLOADED
+                                   HELD --finish(stop)--> ENDED      |                   |
+                                   HELD --resume--> RESUMED          '      finish --> ENDED
+
+    `park` leaves PREPARED as it is when a rank did not park (the coordinator aborts). Ranks
+    are held (must be resumed, or stopped) in SUSPENDED, DUMPED and HELD; they run in RESUMED
+    and UPLOADED. When the lease runs out, or a newer coordinator appears, a freeze in
+    PREPARED or PARKED is aborted, one whose ranks are held is resumed, and either way ENDED.
+    """
+
+    PREPARED = "prepared"
+    PARKED = "parked"
+    SUSPENDED = "suspended"
+    DUMPED = "dumped"
+    RESUMED = "resumed"
+    UPLOADED = "uploaded"
+    HELD = "held"
+    ENDED = "ended"
+
+    @property
+    def ranks_held(self) -> bool:
+        return self in (FreezePhase.SUSPENDED, FreezePhase.DUMPED, FreezePhase.HELD)
+
+
+P = FreezePhase
+
+
+@dataclass
+class Freeze:
+    freeze_id: str
+    job_id: str
+    work: Path
+    phase: FreezePhase = P.PREPARED
+    records: dict[int, common_pb2.RankRecord] = field(default_factory=dict)
+    writer: SnapshotWriter | None = None
+    # GPU state checkpointed for the dump and not yet restored into the ranks.
+    gpu: GpuHold | None = None
+    # The lease: the coordinator's calls and keep-alives renew it; when it runs out with no
+    # call in flight, the agent puts the ranks back on its own.
+    touched: float = field(default_factory=time.monotonic)
+    in_flight: int = 0
+    expired: bool = False  # its coordinator was replaced by a newer one
+
+
+class Freezes:
+    """Every freeze in progress on this node, by freeze id."""
+
+    def __init__(
+        self,
+        node: str,
+        paths: Paths,
+        store: ObjectStore,
+        jobs: JobTable,
+        gpu: Callable[[], GpuStage | None],
+        node_env: dict[str, str],
+        parallelism: int,
+        lease_s: float,
+    ) -> None:
+        self.node = node
+        self.paths = paths
+        self.store = store
+        self.jobs = jobs
+        self.gpu = gpu
+        self.node_env = node_env
+        self.parallelism = parallelism
+        self.lease_s = lease_s
+        self._lock = threading.Lock()
+        self._freezes: dict[str, Freeze] = {}
+
+    # ---- phases ----------------------------------------------------------------------------
+
+    def prepare(self, job_id: str, freeze_id: str, timeout: float) -> agent_pb2.PrepareReply:
+        job = self.jobs.running(job_id)
+        criu.criu_binary()  # refuse before touching the ranks when the dump could not work
+        if not job.op_lock.acquire(blocking=False):
+            raise errors.FreezeRefused(
+                f"another freeze or thaw of job {job_id} is in progress",
+                "wait for it to finish (`snapshotter status`), then retry",
+            )
+        try:
+            for r in job.ranks:
+                r.channel.drain()
+            counts = job.each(
+                lambda r: r.channel.request(protocol.prepare(freeze_id), timeout)["counts"],
+                self.parallelism,
+            )
+        except BaseException:
+            job.op_lock.release()
+            raise
+        with self._lock:
+            self._freezes[freeze_id] = Freeze(freeze_id, job_id, self.paths.work_dir(freeze_id))
+        reply = agent_pb2.PrepareReply()
+        for rank, c in counts.items():
+            reply.counts[rank].issued.update({str(k): int(v) for k, v in c.items()})
+        return reply
+
+    def park(
+        self, job_id: str, freeze_id: str, targets: dict[str, int], timeout: float
+    ) -> agent_pb2.ParkReply:
+        """Arm the barrier on every rank and wait until all parked or the deadline passed.
+        Ranks that did not park are reported, not raised: the coordinator decides."""
+        job = self.jobs.get(job_id)
+        with self._driving(freeze_id, {P.PREPARED}) as fr:
+            for r in job.ranks:
+                r.channel.send(protocol.park(freeze_id, targets))
+            deadline = time.monotonic() + timeout
+            reply = agent_pb2.ParkReply()
+            for r in job.ranks:
+                try:
+                    msg = r.channel.expect(
+                        "parked", freeze_id, max(0.0, deadline - time.monotonic())
+                    )
+                    at = msg.get("at") or {}
+                    reply.parked[r.rank].group = str(at.get("group", ""))
+                    reply.parked[r.rank].seq = int(at.get("seq", 0))
+                except errors.SnapshotterError as e:
+                    reply.missing[r.rank] = e.cause
+            if not reply.missing:
+                fr.phase = P.PARKED
+            return reply
+
+    def suspend(self, job_id: str, freeze_id: str, timeout: float) -> None:
+        job = self.jobs.get(job_id)
+        with self._driving(freeze_id, {P.PARKED}) as fr:
+            fr.phase = P.SUSPENDED  # a failure half-way must be resumed too
+            job.each(
+                lambda r: r.channel.request(protocol.suspend(freeze_id), timeout),
+                self.parallelism,
+            )
+
+    def abort(self, job_id: str, freeze_id: str, timeout: float = 30.0) -> agent_pb2.AbortReply:
+        """Undo a park (communicators intact): every rank continues as before."""
+        job = self.jobs.get(job_id)
+        reply = agent_pb2.AbortReply()
+        for r in job.alive_ranks():
+            try:
+                r.channel.request(protocol.abort(freeze_id), timeout)
+            except errors.SnapshotterError as e:
+                reply.failed[r.rank] = e.cause
+        self._end(job, freeze_id)
+        return reply
+
+    def dump(self, job_id: str, freeze_id: str) -> agent_pb2.DumpReply:
+        job = self.jobs.get(job_id)
+        with self._driving(freeze_id, {P.SUSPENDED}) as fr:
+            fr.work.mkdir(parents=True, exist_ok=True)
+            logs = self.paths.criu_logs(freeze_id)
+
+            def one(r: RankRuntime) -> common_pb2.RankRecord:
+                images = fr.work / f"rank-{r.rank}"
+                images.mkdir(parents=True, exist_ok=True)
+                t0 = time.monotonic()
+                criu.dump(r.sandbox.pid, images, leave_running=True, log_dir=logs / images.name)
+                rec = common_pb2.RankRecord(
+                    rank=r.rank,
+                    local_rank=r.placement.local_rank,
+                    node_rank=r.placement.node_rank,
+                    stream=images.name,
+                    inodes=dict(r.sandbox.io.inodes),
+                    init_cwd=r.init_cwd,
+                    image_bytes=sum(f.stat().st_size for f in images.rglob("*") if f.is_file()),
+                    dump_s=time.monotonic() - t0,
+                )
+                fr.records[r.rank] = rec
+                return rec
+
+            # GPU state goes to host memory first, so that CRIU dumps it with the process.
+            stage = self.gpu()
+            if stage is not None:
+                fr.gpu = stage.freeze({r.rank: r.sandbox.pid for r in job.alive_ranks()})
+            try:
+                recs = job.each(one, self.parallelism)
+            except BaseException:
+                self._gpu_release(fr)  # the coordinator resumes the ranks next
+                raise
+            if fr.gpu is not None:
+                for rank, rg in fr.gpu.ranks.items():
+                    if rank in recs and rg.procs:
+                        recs[rank].gpu.CopyFrom(convert.parse(rg.record(), common_pb2.GpuRecord))
+            fr.phase = P.DUMPED
+            return agent_pb2.DumpReply(ranks=[recs[k] for k in sorted(recs)])
+
+    def resume(self, job_id: str, freeze_id: str, timeout: float) -> None:
+        """Ranks rebuild their communicators and go on. With --stop the ranks are stopped
+        after the commit and this is never called; a failed --stop freeze resumes here, so
+        its GPU state comes back too."""
+        job = self.jobs.get(job_id)
+        with self._driving(freeze_id, {P.SUSPENDED, P.DUMPED, P.HELD}, must_exist=False) as fr:
+            if fr is not None:
+                self._gpu_release(fr)
+            self.resume_ranks(job, job.rdzv_address, freeze_id, timeout)
+            if fr is not None:
+                fr.phase = P.RESUMED
+
+    def upload(
+        self, job_id: str, freeze_id: str, snapshot_id: str
+    ) -> Iterator[agent_pb2.UploadEvent]:
+        with self._driving(freeze_id, {P.DUMPED, P.RESUMED}) as fr:
+            yield from self._upload(fr, snapshot_id)
+            fr.phase = P.UPLOADED if fr.phase is P.RESUMED else P.HELD
+
+    def _upload(self, fr: Freeze, snapshot_id: str) -> Iterator[agent_pb2.UploadEvent]:
+        events: list[agent_pb2.UploadEvent] = []
+        cv = threading.Condition()
+        result: dict[str, object] = {}
+
+        def progress(p: Progress) -> None:
+            ev = agent_pb2.UploadEvent(
+                progress=common_pb2.TransferProgress(
+                    node=self.node, stream=p.stream, raw_bytes=p.total_raw_bytes,
+                    stored_bytes=p.total_stored_bytes, rate=p.raw_rate,
+                )
+            )  # fmt: skip
+            with cv:
+                events.append(ev)
+                cv.notify_all()
+
+        def work() -> None:
+            try:
+                writer = SnapshotWriter(self.store, snapshot_id, progress=progress)
+                fr.writer = writer
+                t0 = time.time()
+                done = agent_pb2.Uploaded()
+                for rank in sorted(fr.records):
+                    stream = fr.records[rank].stream
+                    info = writer.add_directory(stream, fr.work / stream)
+                    done.streams[stream].CopyFrom(
+                        convert.parse(info.to_dict(), common_pb2.StreamInfo)
+                    )
+                done.ranks.extend(fr.records[k] for k in sorted(fr.records))
+                done.upload.CopyFrom(
+                    common_pb2.UploadWindow(node=self.node, start=t0, end=time.time())
+                )
+                result["done"] = agent_pb2.UploadEvent(uploaded=done)
+            except BaseException as e:  # noqa: BLE001 - handed to the caller below
+                result["error"] = e
+            finally:
+                with cv:
+                    result["finished"] = True
+                    cv.notify_all()
+
+        threading.Thread(target=work, daemon=True, name=f"upload-{fr.freeze_id}").start()
+        sent = 0
+        try:
+            while True:
+                with cv:
+                    while sent == len(events) and "finished" not in result:
+                        cv.wait(1.0)
+                    batch, sent = events[sent:], len(events)
+                    finished = "finished" in result
+                if batch:  # progress is sampled: the latest event is enough for a progress line
+                    yield batch[-1]
+                if finished:
+                    break
+        except GeneratorExit:
+            # The coordinator went away mid-upload (the stream was dropped): no commit can
+            # include this node's chunks now, so stop writing and delete them.
+            if "finished" not in result and fr.writer is not None:
+                log.warning("upload of freeze %s abandoned by the coordinator", fr.freeze_id)
+                fr.writer.abort()
+            raise
+        if "error" in result:
+            raise result["error"]  # type: ignore[misc]
+        yield result["done"]  # type: ignore[misc]
+
+    def discard_upload(self, freeze_id: str) -> None:
+        """Delete the chunks this node wrote for a snapshot that will not be committed."""
+        with self._lock:
+            fr = self._freezes.get(freeze_id)
+        if fr is not None and fr.writer is not None:
+            fr.writer.abort()
+
+    def finish(self, job_id: str, freeze_id: str, stop: bool) -> NodeJob:
+        job = self.jobs.get(job_id)
+        with self._lock:
+            fr = self._freezes.get(freeze_id)
+        if stop:
+            job.stop(NodeJobState.FROZEN)  # GPU state still checkpointed: nothing to restore
+        elif fr is not None:
+            self._gpu_release(fr)
+        self._end(job, freeze_id)
+        return job
+
+    def keep(self, freeze_id: str) -> bool:
+        """The coordinator still drives this freeze (sent while other nodes work)."""
+        with self._lock:
+            fr = self._freezes.get(freeze_id)
+            if fr is not None:
+                fr.touched = time.monotonic()
+        return fr is not None
+
+    def expire_all(self) -> None:
+        """A newer coordinator took over: freezes of the old one end now (the lease check
+        puts their ranks back as soon as no call of theirs is in flight)."""
+        with self._lock:
+            for fr in self._freezes.values():
+                fr.expired = True
+
+    def live_ids(self) -> set[str]:
+        with self._lock:
+            return set(self._freezes)
+
+    def resume_ranks(self, job: NodeJob, rdzv: RdzvAddress, epoch: str, timeout: float) -> None:
+        """Every rank rebuilds its communicators against `rdzv` under `epoch`, with this
+        node's network settings."""
+        env = resume_env(rdzv, self.node_env)
+        job.each(
+            lambda r: r.channel.request(
+                protocol.resume(epoch, epoch, rdzv.host, rdzv.port, env), timeout
+            ),
+            self.parallelism,
+        )
+
+    # ---- the lease ---------------------------------------------------------------------------
+
+    def check_leases(self) -> None:
+        now = time.monotonic()
+        with self._lock:
+            due = [
+                f for f in self._freezes.values()
+                if f.in_flight == 0 and (f.expired or now - f.touched > self.lease_s)
+            ]  # fmt: skip
+        for fr in due:
+            try:
+                self._abandon(fr)
+            except Exception:  # noqa: BLE001 - the watchdog must keep running
+                log.exception("recovering abandoned freeze %s failed", fr.freeze_id)
+                with self._lock:
+                    self._freezes.pop(fr.freeze_id, None)  # once: never retried
+                if fr.writer is not None:
+                    fr.writer.release()
+
+    def _abandon(self, fr: Freeze) -> None:
+        """The coordinator stopped driving this freeze: put the ranks back as they were.
+        Chunks already uploaded stay (a manifest may have been written after all): without a
+        manifest they are orphans for `snapshotter gc`."""
+        log.warning(
+            "freeze %s of job %s: no word from the coordinator for %.0fs; %s",
+            fr.freeze_id, fr.job_id, self.lease_s,
+            "resuming the ranks" if fr.phase.ranks_held else "releasing the ranks",
+        )  # fmt: skip
+        job = self.jobs.get(fr.job_id)
+        if job.state.terminal or len(job.alive_ranks()) != len(job.ranks):
+            job.stop(NodeJobState.FAILED)  # nothing left to put back
+            self._end(job, fr.freeze_id)
+        elif fr.phase.ranks_held:
+            self._gpu_release(fr)
+            # Every node's agent recovers the same way, so all ranks meet under one epoch.
+            self.resume_ranks(job, job.rdzv_address, f"{fr.freeze_id}-recovered", 300.0)
+            self._end(job, fr.freeze_id)
+        elif fr.phase in (P.PREPARED, P.PARKED):
+            self.abort(fr.job_id, fr.freeze_id)
+        else:
+            self._end(job, fr.freeze_id)
+
+    # ---- helpers -----------------------------------------------------------------------------
+
+    @contextlib.contextmanager
+    def _driving(
+        self, freeze_id: str, allowed: set[FreezePhase], must_exist: bool = True
+    ) -> Iterator[Freeze]:
+        """A coordinator call on a freeze in one of the `allowed` phases: the lease does not
+        run out while it is in flight."""
+        with self._lock:
+            fr = self._freezes.get(freeze_id)
+            if fr is not None:
+                if fr.phase not in allowed:
+                    raise errors.FreezeFailed(
+                        f"freeze {freeze_id} on node {self.node} is {fr.phase.value}, not "
+                        f"{' or '.join(sorted(p.value for p in allowed))}",
+                        "the coordinator and this agent disagree; retry the freeze",
+                    )
+                fr.in_flight += 1
+                fr.touched = time.monotonic()
+        if fr is None:
+            if must_exist:
+                raise errors.FreezeFailed(
+                    f"unknown freeze {freeze_id} on node {self.node}",
+                    "the agent restarted during the freeze, or its lease ran out; retry it",
+                )
+            yield None  # type: ignore[misc]
+            return
+        try:
+            yield fr
+        finally:
+            with self._lock:
+                fr.in_flight -= 1
+                fr.touched = time.monotonic()
+
+    def _gpu_release(self, fr: Freeze) -> None:
+        """Put GPU state checkpointed for a dump back into the ranks (before they resume)."""
+        hold, fr.gpu = fr.gpu, None
+        stage = self.gpu()
+        if hold is not None and stage is not None:
+            stage.release(hold)
+
+    def _end(self, job: NodeJob, freeze_id: str) -> None:
+        """Release everything a freeze holds, whichever way it ended. Chunks it uploaded stay:
+        committed, discarded (DiscardUpload) or left for gc, the coordinator decides."""
+        with self._lock:
+            fr = self._freezes.pop(freeze_id, None)
+        if fr is not None:
+            fr.phase = P.ENDED
+            if fr.writer is not None:
+                fr.writer.release()
+            shutil.rmtree(fr.work, ignore_errors=True)
+        if job.op_lock.locked():
+            job.op_lock.release()

@@ -1,0 +1,195 @@
+"""A thaw on one node: fetch (download and verify every chunk of this node's ranks, unpack
+the images), then restore (CRIU restores every rank in parallel; they resume with this node's
+rendezvous address and network settings).
+
+No process starts before every chunk verified; a failed restore leaves no process behind and
+the snapshot untouched. A fetch that is never restored nor discarded (its coordinator died)
+expires in the agent's housekeeping.
+"""
+
+from __future__ import annotations
+
+import shutil
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+from snapshotter import errors, parallel
+from snapshotter.agent import retention
+from snapshotter.agent.freeze import Freezes
+from snapshotter.agent.launch import check_launch, undo
+from snapshotter.agent.rdzv import RdzvHost
+from snapshotter.agent.runtime import JobTable, NodeJob, NodeJobState, RankRuntime
+from snapshotter.agent.sandboxes import Sandboxes
+from snapshotter.config import Paths
+from snapshotter.gpu.stage import GpuStage, records_of
+from snapshotter.launch.env import RankPlacement, RdzvAddress
+from snapshotter.launch.spec import JobSpec
+from snapshotter.rpc import convert
+from snapshotter.sandbox import criu
+from snapshotter.storage.api import ObjectStore
+from snapshotter.storage.transfer import SnapshotReader
+from snapshotter.v1 import agent_pb2, common_pb2
+
+
+class Thaws:
+    def __init__(
+        self,
+        node: str,
+        paths: Paths,
+        store: ObjectStore,
+        jobs: JobTable,
+        sandboxes: Sandboxes,
+        rdzv: RdzvHost,
+        freezes: Freezes,
+        gpu: Callable[[], GpuStage | None],
+        netns: str | None,
+        parallelism: int,
+    ) -> None:
+        self.node = node
+        self.paths = paths
+        self.store = store
+        self.jobs = jobs
+        self.sandboxes = sandboxes
+        self.rdzv = rdzv
+        self.freezes = freezes
+        self.gpu = gpu
+        self.netns = netns
+        self.parallelism = parallelism
+        self._lock = threading.Lock()
+        self._fetched: dict[str, float] = {}  # op -> when its fetch completed (monotonic)
+
+    def fetch(self, snapshot_id: str, streams: list[str]) -> Iterator[agent_pb2.FetchEvent]:
+        """Download and verify every chunk of `streams`, then unpack them. Phase one of a
+        thaw: no process starts before every node fetched."""
+        op = f"thaw-{uuid.uuid4().hex[:12]}"
+        work = self.paths.work_dir(op)
+        reader = SnapshotReader(self.store, snapshot_id)
+        t0 = time.monotonic()
+        try:
+            yield agent_pb2.FetchEvent(phase=common_pb2.PhaseEvent(phase="fetch", node=self.node))
+            # Stage only the verified compressed chunks; ranks' streams unpack in parallel.
+            reader.verify_and_fetch(work / "staging", streams=streams, decompress=False)
+            reader.extract_directories({s: work / s for s in streams})
+            shutil.rmtree(work / "staging", ignore_errors=True)
+        except BaseException:
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        with self._lock:
+            self._fetched[op] = time.monotonic()
+        yield agent_pb2.FetchEvent(
+            fetched=agent_pb2.Fetched(node=self.node, op=op, fetch_s=time.monotonic() - t0)
+        )
+
+    def discard(self, op: str) -> None:
+        if op.startswith("thaw-") and "/" not in op:
+            with self._lock:
+                self._fetched.pop(op, None)
+            shutil.rmtree(self.paths.work_dir(op), ignore_errors=True)
+
+    def live_ops(self) -> set[str]:
+        with self._lock:
+            return set(self._fetched)
+
+    def expire(self, ttl_s: float) -> list[str]:
+        with self._lock:
+            stale = retention.expired(self._fetched, time.monotonic(), ttl_s)
+        for op in stale:
+            self.discard(op)
+        return stale
+
+    def restore(
+        self,
+        op: str,
+        spec: JobSpec,
+        ranks: list[common_pb2.RankRecord],
+        node_rank: int,
+        timeout: float,
+        rdzv_at: RdzvAddress | None,
+        epoch: str,
+    ) -> agent_pb2.RestoreReply:
+        """Restore this node's ranks from a fetched snapshot, in parallel, then resume them
+        with this node's rendezvous address and network settings."""
+        work = self.paths.work_dir(op)
+        if not work.is_dir():
+            raise errors.ThawFailed(
+                f"nothing fetched for thaw {op} on node {self.node}",
+                "retry the thaw; the fetch phase must complete first",
+            )
+        cancelled = self.jobs.begin_launch(spec.job_id)
+        job: NodeJob | None = None
+        watched = False
+        try:
+            # Refuse before any process starts when this node cannot take the GPU state.
+            recorded = records_of([convert.plain(r) for r in ranks])
+            stage = self.gpu() if recorded else None
+            if recorded and stage is None:
+                raise errors.GpuRemapRefused(
+                    f"the snapshot holds GPU state of rank(s) {sorted(recorded)}, and node "
+                    f"{self.node} has no usable NVIDIA driver",
+                    "thaw onto a node with NVIDIA GPUs of the snapshot's type (r550+ driver)",
+                )
+            mapping = stage.plan(recorded) if stage is not None else {}
+            server, remote = self.rdzv.claim(spec, rdzv_at)
+            job = NodeJob(spec=spec, node_rank=node_rank, rdzv=server, remote_rdzv=remote)
+            logs = self.paths.criu_logs(op)
+
+            def one(rec: common_pb2.RankRecord) -> RankRuntime:
+                init_cwd = Path(rec.init_cwd)
+                self.sandboxes.reserve(init_cwd)
+                try:
+                    sb = criu.restore(
+                        work / rec.stream, dict(rec.inodes), log_dir=logs / rec.stream,
+                        netns=self.netns,
+                    )  # fmt: skip
+                except BaseException:
+                    self.sandboxes.release(init_cwd)
+                    raise
+                p = RankPlacement(
+                    rank=rec.rank,
+                    local_rank=rec.local_rank,
+                    node_rank=node_rank,
+                    world_size=spec.world_size,
+                    local_world_size=spec.nproc_per_node,
+                    nnodes=spec.nnodes,
+                )
+                return self.sandboxes.adopt(p, sb, spec.job_id, rec.init_cwd)
+
+            t1 = time.monotonic()
+            out = parallel.each(ranks, one, key=lambda r: r.rank, workers=self.parallelism,
+                                name="restore")  # fmt: skip
+            job.ranks.extend(out.results[r.rank] for r in ranks if r.rank in out.results)
+            out.raise_first()
+            check_launch(spec.job_id, cancelled)
+            restore_s = time.monotonic() - t1
+            self.jobs.end_launch(spec.job_id, job)
+            job.watch()
+            watched = True
+            reply = agent_pb2.RestoreReply(node=self.node)
+            if stage is not None:
+                t_gpu = time.monotonic()
+                thawed = stage.thaw({r.rank: r.sandbox.pid for r in job.ranks}, recorded, mapping)
+                for rank, g in thawed.items():
+                    reply.gpu[rank].CopyFrom(convert.parse(g, agent_pb2.GpuThaw))
+                restore_s += time.monotonic() - t_gpu
+            t2 = time.monotonic()
+            # Every node's ranks rebuild under one epoch (the coordinator's thaw id).
+            self.freezes.resume_ranks(job, job.rdzv_address, epoch or op, timeout)
+            reply.restore_s = restore_s
+            reply.resume_s = time.monotonic() - t2
+            reply.job.CopyFrom(job.to_proto())
+            return reply
+        except BaseException as e:
+            if job is not None and watched:
+                job.stop(NodeJobState.FAILED)  # its watchers release what the ranks hold
+            else:
+                if job is not None:
+                    undo(job, e, self.node)
+                self.jobs.end_launch(spec.job_id, None)
+            raise
+        finally:
+            with self._lock:
+                self._fetched.pop(op, None)
+            shutil.rmtree(work, ignore_errors=True)

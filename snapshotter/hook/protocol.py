@@ -1,0 +1,163 @@
+"""The control protocol between a node agent and the hook inside each of its ranks.
+
+One JSON object per line, on two pipes the agent owns (the rank's fds 3 and 4, which CRIU
+keeps at the same numbers across a dump and restore)::
+
+    agent -> rank (command)                         rank -> agent (reply)
+    {"op":"ping"}                                   {"op":"pong","pid":P,"rank":R}
+    {"op":"prepare","freeze":ID}                    {"op":"counts","freeze":ID,
+                                                     "counts":{GROUP:n}}
+    {"op":"park","freeze":ID,"targets":{GROUP:n}}   {"op":"parked","freeze":ID,
+                                                     "at":{"group":GROUP,"seq":n} | null}
+    {"op":"suspend","freeze":ID}                    {"op":"suspended","freeze":ID}
+    {"op":"resume","freeze":ID,"epoch":E,
+     "rdzv":{"host":H,"port":P},"env":{K:V}}        {"op":"resumed","freeze":ID}
+    {"op":"abort","freeze":ID}                      {"op":"aborted","freeze":ID}
+    any command that fails                          {"op":"error","freeze":ID,"message":M}
+
+`parked` is sent asynchronously, by whichever rank thread made the rank quiesced. Replies
+are matched by op and freeze id; a reply of an earlier freeze is stale and dropped.
+
+Both ends build and read messages only through this module; it imports only the standard
+library (the hook runs in the job's interpreter, which may have nothing else of ours).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping
+from typing import Any
+
+Msg = dict[str, Any]
+
+# Commands and the reply each expects.
+PING, PREPARE, PARK, SUSPEND, RESUME, ABORT = (
+    "ping",
+    "prepare",
+    "park",
+    "suspend",
+    "resume",
+    "abort",
+)
+REPLY_TO = {
+    PING: "pong",
+    PREPARE: "counts",
+    PARK: "parked",
+    SUSPEND: "suspended",
+    RESUME: "resumed",
+    ABORT: "aborted",
+}
+ERROR = "error"
+
+
+class ProtocolError(ValueError):
+    """A line that is not a well-formed message of this protocol."""
+
+
+def encode(msg: Mapping[str, Any]) -> bytes:
+    return (json.dumps(msg, separators=(",", ":")) + "\n").encode()
+
+
+class LineDecoder:
+    """Splits a byte stream into messages; malformed lines raise ProtocolError one by one."""
+
+    def __init__(self) -> None:
+        self._buf = b""
+
+    def feed(self, data: bytes) -> list[bytes]:
+        """The complete lines in `data` (and what came before it), without newlines."""
+        self._buf += data
+        *lines, self._buf = self._buf.split(b"\n")
+        return [ln for ln in lines if ln.strip()]
+
+
+def decode(line: bytes) -> Msg:
+    try:
+        msg = json.loads(line)
+    except ValueError as e:
+        raise ProtocolError(f"not JSON: {e}") from e
+    if not isinstance(msg, dict) or not isinstance(msg.get("op"), str):
+        raise ProtocolError("a message must be a JSON object with a string 'op'")
+    return msg
+
+
+# ---- commands (agent -> rank) -------------------------------------------------------------
+
+
+def ping() -> Msg:
+    return {"op": PING}
+
+
+def prepare(freeze: str) -> Msg:
+    return {"op": PREPARE, "freeze": freeze}
+
+
+def park(freeze: str, targets: Mapping[str, int]) -> Msg:
+    return {"op": PARK, "freeze": freeze, "targets": {str(k): int(v) for k, v in targets.items()}}
+
+
+def suspend(freeze: str) -> Msg:
+    return {"op": SUSPEND, "freeze": freeze}
+
+
+def resume(freeze: str, epoch: str, host: str, port: int, env: Mapping[str, str]) -> Msg:
+    return {
+        "op": RESUME,
+        "freeze": freeze,
+        "epoch": epoch,
+        "rdzv": {"host": host, "port": int(port)},
+        "env": dict(env),
+    }
+
+
+def abort(freeze: str) -> Msg:
+    return {"op": ABORT, "freeze": freeze}
+
+
+def targets_of(msg: Msg) -> dict[str, int]:
+    """The park targets of a `park` command (ProtocolError if malformed)."""
+    targets = msg.get("targets") or {}
+    if not isinstance(targets, dict):
+        raise ProtocolError("targets must be an object {group: seq}")
+    try:
+        return {str(k): int(v) for k, v in targets.items()}
+    except (TypeError, ValueError) as e:
+        raise ProtocolError(f"targets must map groups to integers: {e}") from e
+
+
+def rdzv_of(msg: Msg) -> tuple[str, int, str, dict[str, str]]:
+    """(host, port, epoch, env) of a `resume` command (ProtocolError if malformed)."""
+    rdzv = msg.get("rdzv")
+    env = msg.get("env") or {}
+    if not isinstance(rdzv, dict) or not isinstance(env, dict):
+        raise ProtocolError("resume needs rdzv {host, port} and env {name: value}")
+    try:
+        host, port = str(rdzv["host"]), int(rdzv["port"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ProtocolError(f"resume's rdzv must be {{host, port}}: {e}") from e
+    return host, port, str(msg.get("epoch", "")), {str(k): str(v) for k, v in env.items()}
+
+
+# ---- replies (rank -> agent) --------------------------------------------------------------
+
+
+def pong(pid: int, rank: int) -> Msg:
+    return {"op": "pong", "pid": pid, "rank": rank}
+
+
+def counts(freeze: str, issued: Mapping[str, int]) -> Msg:
+    return {"op": "counts", "freeze": freeze, "counts": dict(issued)}
+
+
+def parked(freeze: str, group: str | None, seq: int | None) -> Msg:
+    at = None if group is None else {"group": group, "seq": seq}
+    return {"op": "parked", "freeze": freeze, "at": at}
+
+
+def done(op: str, freeze: str) -> Msg:
+    """The plain acknowledgement of `op` (suspend, resume, abort)."""
+    return {"op": REPLY_TO[op], "freeze": freeze}
+
+
+def error(freeze: str, message: str) -> Msg:
+    return {"op": ERROR, "freeze": freeze, "message": message}

@@ -1,0 +1,63 @@
+"""Between typed messages (snapshotter/v1) and plain data: `--json` output, manifest records.
+
+`plain` keeps numbers as numbers (protobuf's own JSON mapping writes 64-bit integers as
+strings, which would change the manifest format and every `--json` consumer), writes an
+unset optional field as None and leaves out the members of a oneof that are not set. `parse`
+reads plain data back into a message, ignoring fields it does not know (a newer writer's).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, TypeVar
+
+from google.protobuf import json_format
+from google.protobuf.descriptor import FieldDescriptor
+from google.protobuf.message import Message
+
+M = TypeVar("M", bound=Message)
+
+
+def plain(msg: Message) -> dict[str, Any]:
+    out: dict[str, Any] = {}
+    for f in msg.DESCRIPTOR.fields:
+        if f.containing_oneof is not None and not msg.HasField(f.name):
+            continue
+        value = getattr(msg, f.name)
+        if f.message_type is not None and f.message_type.GetOptions().map_entry:
+            vf = f.message_type.fields_by_name["value"]
+            out[f.name] = {k: _one(vf, v) for k, v in value.items()}
+        elif f.is_repeated:
+            out[f.name] = [_one(f, v) for v in value]
+        elif f.has_presence and not msg.HasField(f.name):
+            out[f.name] = None
+        else:
+            out[f.name] = _one(f, value)
+    return out
+
+
+def _one(f: FieldDescriptor, value: Any) -> Any:
+    if f.message_type is not None:
+        return plain(value)
+    if f.type == FieldDescriptor.TYPE_BYTES:
+        return bytes(value).decode(errors="replace")
+    return value
+
+
+def parse(data: Mapping[str, Any], cls: type[M]) -> M:
+    """A message of type `cls` from plain data (None values are left unset).
+
+    Raises:
+        json_format.ParseError: a field has a value of the wrong type.
+    """
+    msg = cls()
+    json_format.ParseDict(_drop_none(data), msg, ignore_unknown_fields=True)
+    return msg
+
+
+def _drop_none(v: Any) -> Any:
+    if isinstance(v, Mapping):
+        return {str(k): _drop_none(x) for k, x in v.items() if x is not None}
+    if isinstance(v, list | tuple):
+        return [_drop_none(x) for x in v]
+    return v

@@ -1,0 +1,331 @@
+"""Serving a snapshotter service: bound only where the policy allows, every call checked alike.
+
+Where a service may listen (`check_listen`):
+  unix:PATH          the embedded daemon: the socket's directory is 0700 and the socket 0600,
+                     so only root connects (and is trusted with every right)
+  loopback TCP       plaintext, but every caller needs a bearer token (auth.TokenStore)
+  any other address  mutual TLS only (--tls-dir or --tls-ca/--tls-cert/--tls-key); a token
+                     may narrow who acts behind a machine certificate
+  --insecure         plaintext and no authentication anywhere: for tests, and said so loudly
+
+Every call to our services passes `_Checks` (one server interceptor), in this order:
+  1. version   a `snapshotter-version` of another major.minor release: VersionMismatch
+  2. identity  token, certificate, unix socket or --insecure (auth.py): else Unauthenticated
+  3. right     the method's right from the .proto: else PermissionDenied naming it
+  4. extra     the service's own check (an agent's fencing token)
+  5. request   parsed here, so a malformed message is an InvalidArgument, not a crash
+  6. handler   a raised SnapshotterError becomes a typed status (status.py)
+Health (grpc.health.v1) and server reflection answer without credentials, so grpcurl and
+load balancers work with no code of ours.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import contextvars
+import ipaddress
+import logging
+import os
+import socket
+import sys
+from collections.abc import Callable, Iterator, Mapping, Sequence
+from concurrent import futures
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import grpc
+from google.protobuf.message import DecodeError
+from grpc_health.v1 import health, health_pb2, health_pb2_grpc
+from grpc_reflection.v1alpha import reflection
+
+from snapshotter import __version__, errors
+from snapshotter.rpc import auth, status
+from snapshotter.rpc.tls import TlsFiles
+
+log = logging.getLogger(__name__)
+
+VERSION_KEY = "snapshotter-version"
+PEER_KEY = "snapshotter-peer"
+_MAX_MSG = 64 * 1024 * 1024
+OPTIONS = [
+    ("grpc.max_send_message_length", _MAX_MSG),
+    ("grpc.max_receive_message_length", _MAX_MSG),
+]
+_OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+
+# The call the current handler thread serves: its context and who made it.
+_CALL: contextvars.ContextVar[tuple[grpc.ServicerContext, auth.Identity] | None] = (
+    contextvars.ContextVar("snapshotter_call", default=None)
+)
+
+
+def caller_active() -> bool:
+    """False once the caller of the call being served has gone (deadline passed, cancelled,
+    disconnected): a long handler then undoes its work instead of finishing it for nobody.
+    True outside a handler."""
+    call = _CALL.get()
+    return call is None or bool(call[0].is_active())
+
+
+def caller() -> auth.Identity | None:
+    call = _CALL.get()
+    return None if call is None else call[1]
+
+
+@dataclass(frozen=True)
+class Listen:
+    """Where and how a service listens."""
+
+    address: str  # "unix:PATH" or "HOST:PORT"
+    tls: TlsFiles | None = None
+    tokens: auth.TokenStore | None = None
+    insecure: bool = False
+
+    @property
+    def unix(self) -> bool:
+        return self.address.startswith("unix:")
+
+    @property
+    def host(self) -> str:
+        return self.address.rsplit(":", 1)[0].strip("[]")
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", ""):
+        return host == "localhost"
+    try:
+        return ipaddress.ip_address(host).is_loopback
+    except ValueError:
+        return False
+
+
+def check_listen(listen: Listen, what: str) -> None:
+    """Raises: InvalidArgument when the policy forbids listening like this."""
+    if listen.unix or listen.tls is not None or listen.insecure:
+        return
+    if not is_loopback(listen.host):
+        raise errors.InvalidArgument(
+            f"refusing to serve the {what} on {listen.address} without TLS: anyone who reaches "
+            "it could start processes as root on this node",
+            "give it certificates (--tls-dir DIR, made by `snapshotter certs init DIR`), "
+            "listen on a loopback address, or for a test pass --insecure",
+        )
+    if listen.tokens is None:
+        raise errors.InvalidArgument(
+            f"the {what} on loopback {listen.address} without TLS authenticates callers by "
+            "bearer token, but has no token file",
+            "pass --tokens FILE (`snapshotter token create --file FILE` makes one)",
+        )
+
+
+class _Checks(grpc.ServerInterceptor):
+    def __init__(
+        self,
+        kind: str,
+        listen: Listen,
+        extra: Callable[[str, Mapping[str, str]], None] | None,
+    ) -> None:
+        self.kind = kind
+        self.listen = listen
+        self.extra = extra
+        self.rights = auth.method_rights()
+
+    def intercept_service(
+        self, continuation: Callable[[Any], Any], details: grpc.HandlerCallDetails
+    ) -> Any:
+        handler = continuation(details)
+        method = details.method
+        if handler is None or method.startswith(_OPEN_SERVICES):
+            return handler
+        right = self.rights.get(method, auth.Right.ADMINISTER)
+        md = {k: v for k, v in details.invocation_metadata if isinstance(v, str)}
+        parse = handler.request_deserializer
+
+        def admit(raw: bytes, context: grpc.ServicerContext) -> tuple[Any, auth.Identity]:
+            self._check_version(md)
+            who = self._identify(md, context)
+            auth.authorize(who, method, right)
+            if self.extra is not None:
+                self.extra(method, md)
+            try:
+                request = parse(raw) if parse is not None else raw
+            except DecodeError as e:
+                raise errors.InvalidArgument(
+                    f"malformed request for {method}: {e}",
+                    "send a message of the request type the .proto declares for it",
+                ) from e
+            return request, who
+
+        if handler.unary_unary is not None:
+            inner = handler.unary_unary
+
+            def unary(raw: bytes, context: grpc.ServicerContext) -> Any:
+                try:
+                    request, who = admit(raw, context)
+                    token = _CALL.set((context, who))
+                    try:
+                        return inner(request, context)
+                    finally:
+                        _CALL.reset(token)
+                except Exception as e:  # noqa: BLE001 - every failure becomes a status
+                    context.abort_with_status(status.to_status(e))
+
+            return grpc.unary_unary_rpc_method_handler(
+                unary, response_serializer=handler.response_serializer
+            )
+        if handler.unary_stream is not None:
+            inner_s = handler.unary_stream
+
+            def stream(raw: bytes, context: grpc.ServicerContext) -> Iterator[Any]:
+                try:
+                    request, who = admit(raw, context)
+                    token = _CALL.set((context, who))
+                    try:
+                        yield from inner_s(request, context)
+                    finally:
+                        _CALL.reset(token)
+                except Exception as e:  # noqa: BLE001
+                    context.abort_with_status(status.to_status(e))
+
+            return grpc.unary_stream_rpc_method_handler(
+                stream, response_serializer=handler.response_serializer
+            )
+        return handler
+
+    def _check_version(self, md: Mapping[str, str]) -> None:
+        theirs = md.get(VERSION_KEY)
+        if theirs is not None and _release(theirs) != _release(__version__):
+            raise errors.VersionMismatch(self.kind, __version__, md.get(PEER_KEY, "client"), theirs)
+
+    def _identify(self, md: Mapping[str, str], context: grpc.ServicerContext) -> auth.Identity:
+        token = auth.bearer(md)
+        if token is not None:
+            if self.listen.tokens is None:
+                raise errors.Unauthenticated(
+                    f"this {self.kind} does not accept bearer tokens (it has no token file)",
+                    "present a client certificate, or start it with --tokens FILE",
+                )
+            return self.listen.tokens.verify(token)
+        if self.listen.unix:
+            return auth.Identity("root", auth.Role.ROOT, "unix")
+        if self.listen.insecure:
+            return auth.Identity("anyone", auth.Role.ROOT, "insecure")
+        if self.listen.tls is not None:
+            pems = context.auth_context().get("x509_pem_cert") or []
+            if pems:
+                name, role = auth.role_of_certificate(pems[0])
+                return auth.Identity(name, role, "certificate")
+        raise errors.Unauthenticated(
+            f"no credential: this {self.kind} accepts "
+            + ("a client certificate or a bearer token" if self.listen.tls else "bearer tokens"),
+            "pass --token-file (or SNAPSHOTTER_TOKEN), or a client certificate (--tls-dir)",
+        )
+
+
+def _release(version: str) -> tuple[str, ...]:
+    return tuple(version.split(".")[:2])
+
+
+class Served:
+    """A running server: its actual address (with the port it bound) and how to stop it."""
+
+    def __init__(self, server: grpc.Server, address: str, health_servicer: Any, sock: Path | None):
+        self._server = server
+        self.address = address
+        self.health = health_servicer
+        self._sock = sock
+
+    def stop(self, grace: float = 1.0) -> None:
+        self.health.enter_graceful_shutdown()
+        self._server.stop(grace).wait()
+        if self._sock is not None:
+            with contextlib.suppress(OSError):
+                self._sock.unlink()
+
+    def wait(self) -> None:
+        self._server.wait_for_termination()
+
+
+def serve(
+    kind: str,
+    listen: Listen,
+    register: Callable[[grpc.Server], None],
+    service_names: Sequence[str],
+    extra_check: Callable[[str, Mapping[str, str]], None] | None = None,
+    max_workers: int = 32,
+) -> Served:
+    """Start `kind` ("coordinator", "agent") on `listen` with the servicers `register` adds.
+
+    Raises:
+        InvalidArgument: the listen policy forbids this address (check_listen).
+        ServiceUnavailable: the address cannot be bound.
+    """
+    check_listen(listen, kind)
+    if listen.insecure:
+        msg = (
+            f"WARNING: the {kind} serves {listen.address} with NO TLS and NO authentication "
+            "(--insecure): anyone who reaches it can run processes as root"
+        )
+        log.warning(msg)
+        print(msg, file=sys.stderr, flush=True)
+    server = grpc.server(
+        futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"{kind}-rpc"),
+        interceptors=[_Checks(kind, listen, extra_check)],
+        options=OPTIONS,
+    )
+    register(server)
+    health_servicer = health.HealthServicer()
+    health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
+    names = [*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]
+    reflection.enable_server_reflection(names, server)
+    sock: Path | None = None
+    if listen.unix:
+        sock = Path(listen.address.removeprefix("unix:"))
+        _prepare_socket_dir(sock)
+        port = server.add_insecure_port(listen.address)
+        address = listen.address
+    else:
+        if listen.tls is not None:
+            ca, cert, key = listen.tls.read()
+            creds = grpc.ssl_server_credentials([(key, cert)], root_certificates=ca,
+                                                require_client_auth=True)  # fmt: skip
+            port = _bind(server.add_secure_port, listen.address, creds)
+        else:
+            port = _bind(server.add_insecure_port, listen.address)
+        address = f"{listen.address.rsplit(':', 1)[0]}:{port}"
+    if port == 0:
+        raise errors.ServiceUnavailable(
+            f"cannot bind the {kind} to {listen.address}", "choose a free address/port"
+        )
+    server.start()
+    if sock is not None:
+        os.chmod(sock, 0o600)
+    for name in ("", *service_names):
+        health_servicer.set(name, health_pb2.HealthCheckResponse.SERVING)
+    return Served(server, address, health_servicer, sock)
+
+
+def _bind(add: Callable[..., int], address: str, *creds: Any) -> int:
+    try:
+        return add(address, *creds)
+    except RuntimeError:
+        return 0
+
+
+def _prepare_socket_dir(sock: Path) -> None:
+    """A private directory for the socket; a stale socket (no server behind it) is removed."""
+    sock.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(sock.parent, 0o700)
+    if sock.exists():
+        probe = socket.socket(socket.AF_UNIX)
+        try:
+            probe.connect(str(sock))
+        except OSError:
+            sock.unlink()
+        else:
+            raise errors.ServiceUnavailable(
+                f"another service already listens on {sock}", "stop it first (`snapshotter down`)"
+            )
+        finally:
+            probe.close()

@@ -1,0 +1,317 @@
+from snapshotter.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class OpenRdzvRequest(_message.Message):
+    __slots__ = ("job_id", "python", "env")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PYTHON_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    python: str
+    env: _containers.ScalarMap[str, str]
+    def __init__(self, job_id: _Optional[str] = ..., python: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ...) -> None: ...
+
+class LaunchRequest(_message.Message):
+    __slots__ = ("spec", "node_rank", "rdzv")
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    NODE_RANK_FIELD_NUMBER: _ClassVar[int]
+    RDZV_FIELD_NUMBER: _ClassVar[int]
+    spec: _common_pb2.JobSpec
+    node_rank: int
+    rdzv: _common_pb2.Endpoint
+    def __init__(self, spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., node_rank: _Optional[int] = ..., rdzv: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ...) -> None: ...
+
+class NodeJob(_message.Message):
+    __slots__ = ("job_id", "node_rank", "state", "rdzv", "started", "ended", "ranks", "spec")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_RANK_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    RDZV_FIELD_NUMBER: _ClassVar[int]
+    STARTED_FIELD_NUMBER: _ClassVar[int]
+    ENDED_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    node_rank: int
+    state: str
+    rdzv: _common_pb2.Endpoint
+    started: float
+    ended: float
+    ranks: _containers.RepeatedCompositeFieldContainer[_common_pb2.RankState]
+    spec: _common_pb2.JobSpec
+    def __init__(self, job_id: _Optional[str] = ..., node_rank: _Optional[int] = ..., state: _Optional[str] = ..., rdzv: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., started: _Optional[float] = ..., ended: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[_common_pb2.RankState, _Mapping]]] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ...) -> None: ...
+
+class NodeJobList(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[NodeJob]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[NodeJob, _Mapping]]] = ...) -> None: ...
+
+class FreezeRef(_message.Message):
+    __slots__ = ("job_id", "freeze_id")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FREEZE_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    freeze_id: str
+    def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ...) -> None: ...
+
+class PhaseRequest(_message.Message):
+    __slots__ = ("job_id", "freeze_id", "timeout_s")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FREEZE_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    freeze_id: str
+    timeout_s: float
+    def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class PrepareRequest(_message.Message):
+    __slots__ = ("job_id", "freeze_id", "timeout_s")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FREEZE_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    freeze_id: str
+    timeout_s: float
+    def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class GroupCounts(_message.Message):
+    __slots__ = ("issued",)
+    class IssuedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    ISSUED_FIELD_NUMBER: _ClassVar[int]
+    issued: _containers.ScalarMap[str, int]
+    def __init__(self, issued: _Optional[_Mapping[str, int]] = ...) -> None: ...
+
+class PrepareReply(_message.Message):
+    __slots__ = ("counts",)
+    class CountsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: GroupCounts
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[_Union[GroupCounts, _Mapping]] = ...) -> None: ...
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    counts: _containers.MessageMap[int, GroupCounts]
+    def __init__(self, counts: _Optional[_Mapping[int, GroupCounts]] = ...) -> None: ...
+
+class ParkRequest(_message.Message):
+    __slots__ = ("job_id", "freeze_id", "targets", "timeout_s")
+    class TargetsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FREEZE_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    freeze_id: str
+    targets: _containers.ScalarMap[str, int]
+    timeout_s: float
+    def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., targets: _Optional[_Mapping[str, int]] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class ParkPoint(_message.Message):
+    __slots__ = ("group", "seq")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    SEQ_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    seq: int
+    def __init__(self, group: _Optional[str] = ..., seq: _Optional[int] = ...) -> None: ...
+
+class ParkReply(_message.Message):
+    __slots__ = ("parked", "missing")
+    class ParkedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: ParkPoint
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[_Union[ParkPoint, _Mapping]] = ...) -> None: ...
+    class MissingEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: str
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[str] = ...) -> None: ...
+    PARKED_FIELD_NUMBER: _ClassVar[int]
+    MISSING_FIELD_NUMBER: _ClassVar[int]
+    parked: _containers.MessageMap[int, ParkPoint]
+    missing: _containers.ScalarMap[int, str]
+    def __init__(self, parked: _Optional[_Mapping[int, ParkPoint]] = ..., missing: _Optional[_Mapping[int, str]] = ...) -> None: ...
+
+class AbortReply(_message.Message):
+    __slots__ = ("failed",)
+    class FailedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: str
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[str] = ...) -> None: ...
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    failed: _containers.ScalarMap[int, str]
+    def __init__(self, failed: _Optional[_Mapping[int, str]] = ...) -> None: ...
+
+class KeepFreezeReply(_message.Message):
+    __slots__ = ("known",)
+    KNOWN_FIELD_NUMBER: _ClassVar[int]
+    known: bool
+    def __init__(self, known: _Optional[bool] = ...) -> None: ...
+
+class DumpReply(_message.Message):
+    __slots__ = ("ranks",)
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    ranks: _containers.RepeatedCompositeFieldContainer[_common_pb2.RankRecord]
+    def __init__(self, ranks: _Optional[_Iterable[_Union[_common_pb2.RankRecord, _Mapping]]] = ...) -> None: ...
+
+class UploadRequest(_message.Message):
+    __slots__ = ("job_id", "freeze_id", "snapshot_id")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FREEZE_ID_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    freeze_id: str
+    snapshot_id: str
+    def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., snapshot_id: _Optional[str] = ...) -> None: ...
+
+class Uploaded(_message.Message):
+    __slots__ = ("streams", "ranks", "upload")
+    class StreamsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _common_pb2.StreamInfo
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_common_pb2.StreamInfo, _Mapping]] = ...) -> None: ...
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_FIELD_NUMBER: _ClassVar[int]
+    streams: _containers.MessageMap[str, _common_pb2.StreamInfo]
+    ranks: _containers.RepeatedCompositeFieldContainer[_common_pb2.RankRecord]
+    upload: _common_pb2.UploadWindow
+    def __init__(self, streams: _Optional[_Mapping[str, _common_pb2.StreamInfo]] = ..., ranks: _Optional[_Iterable[_Union[_common_pb2.RankRecord, _Mapping]]] = ..., upload: _Optional[_Union[_common_pb2.UploadWindow, _Mapping]] = ...) -> None: ...
+
+class UploadEvent(_message.Message):
+    __slots__ = ("progress", "uploaded")
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    UPLOADED_FIELD_NUMBER: _ClassVar[int]
+    progress: _common_pb2.TransferProgress
+    uploaded: Uploaded
+    def __init__(self, progress: _Optional[_Union[_common_pb2.TransferProgress, _Mapping]] = ..., uploaded: _Optional[_Union[Uploaded, _Mapping]] = ...) -> None: ...
+
+class FinishFreezeRequest(_message.Message):
+    __slots__ = ("job_id", "freeze_id", "stop")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FREEZE_ID_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    freeze_id: str
+    stop: bool
+    def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., stop: _Optional[bool] = ...) -> None: ...
+
+class FetchRequest(_message.Message):
+    __slots__ = ("snapshot_id", "streams")
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    snapshot_id: str
+    streams: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, snapshot_id: _Optional[str] = ..., streams: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class Fetched(_message.Message):
+    __slots__ = ("node", "op", "fetch_s")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    OP_FIELD_NUMBER: _ClassVar[int]
+    FETCH_S_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    op: str
+    fetch_s: float
+    def __init__(self, node: _Optional[str] = ..., op: _Optional[str] = ..., fetch_s: _Optional[float] = ...) -> None: ...
+
+class FetchEvent(_message.Message):
+    __slots__ = ("phase", "progress", "fetched")
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    FETCHED_FIELD_NUMBER: _ClassVar[int]
+    phase: _common_pb2.PhaseEvent
+    progress: _common_pb2.TransferProgress
+    fetched: Fetched
+    def __init__(self, phase: _Optional[_Union[_common_pb2.PhaseEvent, _Mapping]] = ..., progress: _Optional[_Union[_common_pb2.TransferProgress, _Mapping]] = ..., fetched: _Optional[_Union[Fetched, _Mapping]] = ...) -> None: ...
+
+class FetchRef(_message.Message):
+    __slots__ = ("op",)
+    OP_FIELD_NUMBER: _ClassVar[int]
+    op: str
+    def __init__(self, op: _Optional[str] = ...) -> None: ...
+
+class RestoreRequest(_message.Message):
+    __slots__ = ("op", "spec", "ranks", "node_rank", "timeout_s", "rdzv", "epoch")
+    OP_FIELD_NUMBER: _ClassVar[int]
+    SPEC_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    NODE_RANK_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    RDZV_FIELD_NUMBER: _ClassVar[int]
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    op: str
+    spec: _common_pb2.JobSpec
+    ranks: _containers.RepeatedCompositeFieldContainer[_common_pb2.RankRecord]
+    node_rank: int
+    timeout_s: float
+    rdzv: _common_pb2.Endpoint
+    epoch: str
+    def __init__(self, op: _Optional[str] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., ranks: _Optional[_Iterable[_Union[_common_pb2.RankRecord, _Mapping]]] = ..., node_rank: _Optional[int] = ..., timeout_s: _Optional[float] = ..., rdzv: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., epoch: _Optional[str] = ...) -> None: ...
+
+class GpuThaw(_message.Message):
+    __slots__ = ("processes", "gpus", "restore_s")
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_S_FIELD_NUMBER: _ClassVar[int]
+    processes: int
+    gpus: _containers.RepeatedScalarFieldContainer[str]
+    restore_s: float
+    def __init__(self, processes: _Optional[int] = ..., gpus: _Optional[_Iterable[str]] = ..., restore_s: _Optional[float] = ...) -> None: ...
+
+class RestoreReply(_message.Message):
+    __slots__ = ("node", "restore_s", "resume_s", "job", "gpu")
+    class GpuEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: int
+        value: GpuThaw
+        def __init__(self, key: _Optional[int] = ..., value: _Optional[_Union[GpuThaw, _Mapping]] = ...) -> None: ...
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_S_FIELD_NUMBER: _ClassVar[int]
+    RESUME_S_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    restore_s: float
+    resume_s: float
+    job: NodeJob
+    gpu: _containers.MessageMap[int, GpuThaw]
+    def __init__(self, node: _Optional[str] = ..., restore_s: _Optional[float] = ..., resume_s: _Optional[float] = ..., job: _Optional[_Union[NodeJob, _Mapping]] = ..., gpu: _Optional[_Mapping[int, GpuThaw]] = ...) -> None: ...

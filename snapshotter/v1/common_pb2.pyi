@@ -1,0 +1,290 @@
+from google.protobuf import descriptor_pb2 as _descriptor_pb2
+from google.protobuf import struct_pb2 as _struct_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf.internal import enum_type_wrapper as _enum_type_wrapper
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class Right(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
+    __slots__ = ()
+    RIGHT_UNSPECIFIED: _ClassVar[Right]
+    VIEW: _ClassVar[Right]
+    OPERATE: _ClassVar[Right]
+    ADMINISTER: _ClassVar[Right]
+    REGISTER: _ClassVar[Right]
+    DRIVE: _ClassVar[Right]
+RIGHT_UNSPECIFIED: Right
+VIEW: Right
+OPERATE: Right
+ADMINISTER: Right
+REGISTER: Right
+DRIVE: Right
+REQUIRED_FIELD_NUMBER: _ClassVar[int]
+required: _descriptor.FieldDescriptor
+
+class ErrorDetail(_message.Message):
+    __slots__ = ("code", "cause", "next_step", "fields")
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    NEXT_STEP_FIELD_NUMBER: _ClassVar[int]
+    FIELDS_FIELD_NUMBER: _ClassVar[int]
+    code: str
+    cause: str
+    next_step: str
+    fields: _struct_pb2.Struct
+    def __init__(self, code: _Optional[str] = ..., cause: _Optional[str] = ..., next_step: _Optional[str] = ..., fields: _Optional[_Union[_struct_pb2.Struct, _Mapping]] = ...) -> None: ...
+
+class Resources(_message.Message):
+    __slots__ = ("pid", "fds", "threads", "children", "zombies", "rss_bytes")
+    PID_FIELD_NUMBER: _ClassVar[int]
+    FDS_FIELD_NUMBER: _ClassVar[int]
+    THREADS_FIELD_NUMBER: _ClassVar[int]
+    CHILDREN_FIELD_NUMBER: _ClassVar[int]
+    ZOMBIES_FIELD_NUMBER: _ClassVar[int]
+    RSS_BYTES_FIELD_NUMBER: _ClassVar[int]
+    pid: int
+    fds: int
+    threads: int
+    children: int
+    zombies: int
+    rss_bytes: int
+    def __init__(self, pid: _Optional[int] = ..., fds: _Optional[int] = ..., threads: _Optional[int] = ..., children: _Optional[int] = ..., zombies: _Optional[int] = ..., rss_bytes: _Optional[int] = ...) -> None: ...
+
+class Endpoint(_message.Message):
+    __slots__ = ("host", "port")
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    host: str
+    port: int
+    def __init__(self, host: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
+
+class JobSpec(_message.Message):
+    __slots__ = ("job_id", "script", "script_args", "module", "python", "cwd", "env", "nnodes", "nproc_per_node")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SCRIPT_FIELD_NUMBER: _ClassVar[int]
+    SCRIPT_ARGS_FIELD_NUMBER: _ClassVar[int]
+    MODULE_FIELD_NUMBER: _ClassVar[int]
+    PYTHON_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    NNODES_FIELD_NUMBER: _ClassVar[int]
+    NPROC_PER_NODE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    script: str
+    script_args: _containers.RepeatedScalarFieldContainer[str]
+    module: bool
+    python: str
+    cwd: str
+    env: _containers.ScalarMap[str, str]
+    nnodes: int
+    nproc_per_node: int
+    def __init__(self, job_id: _Optional[str] = ..., script: _Optional[str] = ..., script_args: _Optional[_Iterable[str]] = ..., module: _Optional[bool] = ..., python: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., nnodes: _Optional[int] = ..., nproc_per_node: _Optional[int] = ...) -> None: ...
+
+class RankState(_message.Message):
+    __slots__ = ("rank", "local_rank", "pid", "exit_code")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    local_rank: int
+    pid: int
+    exit_code: int
+    def __init__(self, rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ...) -> None: ...
+
+class GpuInfo(_message.Message):
+    __slots__ = ("uuid", "name", "memory")
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    MEMORY_FIELD_NUMBER: _ClassVar[int]
+    uuid: str
+    name: str
+    memory: int
+    def __init__(self, uuid: _Optional[str] = ..., name: _Optional[str] = ..., memory: _Optional[int] = ...) -> None: ...
+
+class GpuRecord(_message.Message):
+    __slots__ = ("gpus", "processes", "state_bytes", "lock_s", "checkpoint_s")
+    GPUS_FIELD_NUMBER: _ClassVar[int]
+    PROCESSES_FIELD_NUMBER: _ClassVar[int]
+    STATE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    LOCK_S_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINT_S_FIELD_NUMBER: _ClassVar[int]
+    gpus: _containers.RepeatedCompositeFieldContainer[GpuInfo]
+    processes: int
+    state_bytes: int
+    lock_s: float
+    checkpoint_s: float
+    def __init__(self, gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., processes: _Optional[int] = ..., state_bytes: _Optional[int] = ..., lock_s: _Optional[float] = ..., checkpoint_s: _Optional[float] = ...) -> None: ...
+
+class RankRecord(_message.Message):
+    __slots__ = ("rank", "local_rank", "node_rank", "stream", "inodes", "init_cwd", "image_bytes", "dump_s", "gpu")
+    class InodesEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
+    NODE_RANK_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    INODES_FIELD_NUMBER: _ClassVar[int]
+    INIT_CWD_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DUMP_S_FIELD_NUMBER: _ClassVar[int]
+    GPU_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    local_rank: int
+    node_rank: int
+    stream: str
+    inodes: _containers.ScalarMap[str, int]
+    init_cwd: str
+    image_bytes: int
+    dump_s: float
+    gpu: GpuRecord
+    def __init__(self, rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., node_rank: _Optional[int] = ..., stream: _Optional[str] = ..., inodes: _Optional[_Mapping[str, int]] = ..., init_cwd: _Optional[str] = ..., image_bytes: _Optional[int] = ..., dump_s: _Optional[float] = ..., gpu: _Optional[_Union[GpuRecord, _Mapping]] = ...) -> None: ...
+
+class ChunkInfo(_message.Message):
+    __slots__ = ("index", "key", "raw_size", "stored_size", "sha256", "raw_sha256")
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    RAW_SIZE_FIELD_NUMBER: _ClassVar[int]
+    STORED_SIZE_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    RAW_SHA256_FIELD_NUMBER: _ClassVar[int]
+    index: int
+    key: str
+    raw_size: int
+    stored_size: int
+    sha256: str
+    raw_sha256: str
+    def __init__(self, index: _Optional[int] = ..., key: _Optional[str] = ..., raw_size: _Optional[int] = ..., stored_size: _Optional[int] = ..., sha256: _Optional[str] = ..., raw_sha256: _Optional[str] = ...) -> None: ...
+
+class StreamInfo(_message.Message):
+    __slots__ = ("name", "raw_size", "chunk_size", "chunks")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    RAW_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    raw_size: int
+    chunk_size: int
+    chunks: _containers.RepeatedCompositeFieldContainer[ChunkInfo]
+    def __init__(self, name: _Optional[str] = ..., raw_size: _Optional[int] = ..., chunk_size: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[ChunkInfo, _Mapping]]] = ...) -> None: ...
+
+class TransferProgress(_message.Message):
+    __slots__ = ("node", "stream", "raw_bytes", "stored_bytes", "rate")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RATE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    stream: str
+    raw_bytes: int
+    stored_bytes: int
+    rate: float
+    def __init__(self, node: _Optional[str] = ..., stream: _Optional[str] = ..., raw_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., rate: _Optional[float] = ...) -> None: ...
+
+class LogChunk(_message.Message):
+    __slots__ = ("rank", "offset", "data")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    offset: int
+    data: bytes
+    def __init__(self, rank: _Optional[int] = ..., offset: _Optional[int] = ..., data: _Optional[bytes] = ...) -> None: ...
+
+class LogsRequest(_message.Message):
+    __slots__ = ("job_id", "rank", "offset", "follow")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    OFFSET_FIELD_NUMBER: _ClassVar[int]
+    FOLLOW_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    rank: int
+    offset: int
+    follow: bool
+    def __init__(self, job_id: _Optional[str] = ..., rank: _Optional[int] = ..., offset: _Optional[int] = ..., follow: _Optional[bool] = ...) -> None: ...
+
+class JobRef(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class WaitRequest(_message.Message):
+    __slots__ = ("job_id", "timeout_s")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    timeout_s: float
+    def __init__(self, job_id: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class AgentInfo(_message.Message):
+    __slots__ = ("node", "version", "pid", "host", "incarnation", "resources", "running_jobs")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    RUNNING_JOBS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    version: str
+    pid: int
+    host: str
+    incarnation: str
+    resources: Resources
+    running_jobs: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node: _Optional[str] = ..., version: _Optional[str] = ..., pid: _Optional[int] = ..., host: _Optional[str] = ..., incarnation: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., running_jobs: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class PhaseEvent(_message.Message):
+    __slots__ = ("phase", "snapshot_id", "targets", "stall_s", "bytes", "node")
+    class TargetsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    STALL_S_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    phase: str
+    snapshot_id: str
+    targets: _containers.ScalarMap[str, int]
+    stall_s: float
+    bytes: int
+    node: str
+    def __init__(self, phase: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., targets: _Optional[_Mapping[str, int]] = ..., stall_s: _Optional[float] = ..., bytes: _Optional[int] = ..., node: _Optional[str] = ...) -> None: ...
+
+class UploadWindow(_message.Message):
+    __slots__ = ("node", "start", "end")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    start: float
+    end: float
+    def __init__(self, node: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ...) -> None: ...
+
+class Empty(_message.Message):
+    __slots__ = ()
+    def __init__(self) -> None: ...

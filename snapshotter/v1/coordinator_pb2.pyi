@@ -1,0 +1,389 @@
+from snapshotter.v1 import common_pb2 as _common_pb2
+from google.protobuf.internal import containers as _containers
+from google.protobuf import descriptor as _descriptor
+from google.protobuf import message as _message
+from collections.abc import Iterable as _Iterable, Mapping as _Mapping
+from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
+
+DESCRIPTOR: _descriptor.FileDescriptor
+
+class CoordinatorInfo(_message.Message):
+    __slots__ = ("version", "pid", "store", "agents", "incarnations", "fence", "resources")
+    class IncarnationsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PID_FIELD_NUMBER: _ClassVar[int]
+    STORE_FIELD_NUMBER: _ClassVar[int]
+    AGENTS_FIELD_NUMBER: _ClassVar[int]
+    INCARNATIONS_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    RESOURCES_FIELD_NUMBER: _ClassVar[int]
+    version: str
+    pid: int
+    store: str
+    agents: _containers.RepeatedScalarFieldContainer[str]
+    incarnations: _containers.ScalarMap[str, str]
+    fence: Fence
+    resources: _common_pb2.Resources
+    def __init__(self, version: _Optional[str] = ..., pid: _Optional[int] = ..., store: _Optional[str] = ..., agents: _Optional[_Iterable[str]] = ..., incarnations: _Optional[_Mapping[str, str]] = ..., fence: _Optional[_Union[Fence, _Mapping]] = ..., resources: _Optional[_Union[_common_pb2.Resources, _Mapping]] = ...) -> None: ...
+
+class Fence(_message.Message):
+    __slots__ = ("epoch", "id")
+    EPOCH_FIELD_NUMBER: _ClassVar[int]
+    ID_FIELD_NUMBER: _ClassVar[int]
+    epoch: int
+    id: str
+    def __init__(self, epoch: _Optional[int] = ..., id: _Optional[str] = ...) -> None: ...
+
+class NodeInfo(_message.Message):
+    __slots__ = ("name", "address", "live", "heartbeat_age_s", "agent", "error")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    LIVE_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    AGENT_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    address: str
+    live: bool
+    heartbeat_age_s: float
+    agent: _common_pb2.AgentInfo
+    error: str
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., live: _Optional[bool] = ..., heartbeat_age_s: _Optional[float] = ..., agent: _Optional[_Union[_common_pb2.AgentInfo, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+
+class NodeList(_message.Message):
+    __slots__ = ("nodes",)
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeInfo]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ...) -> None: ...
+
+class RegisterAgentRequest(_message.Message):
+    __slots__ = ("name", "address", "host", "heartbeat", "incarnation", "version")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    HOST_FIELD_NUMBER: _ClassVar[int]
+    HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
+    INCARNATION_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    address: str
+    host: str
+    heartbeat: bool
+    incarnation: str
+    version: str
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., host: _Optional[str] = ..., heartbeat: _Optional[bool] = ..., incarnation: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+
+class RegisterAgentReply(_message.Message):
+    __slots__ = ("registered", "fence")
+    REGISTERED_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    registered: str
+    fence: Fence
+    def __init__(self, registered: _Optional[str] = ..., fence: _Optional[_Union[Fence, _Mapping]] = ...) -> None: ...
+
+class RunRequest(_message.Message):
+    __slots__ = ("job_id", "script", "script_args", "module", "python", "cwd", "env", "nnodes", "nproc_per_node", "nodes")
+    class EnvEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: str
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[str] = ...) -> None: ...
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SCRIPT_FIELD_NUMBER: _ClassVar[int]
+    SCRIPT_ARGS_FIELD_NUMBER: _ClassVar[int]
+    MODULE_FIELD_NUMBER: _ClassVar[int]
+    PYTHON_FIELD_NUMBER: _ClassVar[int]
+    CWD_FIELD_NUMBER: _ClassVar[int]
+    ENV_FIELD_NUMBER: _ClassVar[int]
+    NNODES_FIELD_NUMBER: _ClassVar[int]
+    NPROC_PER_NODE_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    script: str
+    script_args: _containers.RepeatedScalarFieldContainer[str]
+    module: bool
+    python: str
+    cwd: str
+    env: _containers.ScalarMap[str, str]
+    nnodes: int
+    nproc_per_node: int
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., script: _Optional[str] = ..., script_args: _Optional[_Iterable[str]] = ..., module: _Optional[bool] = ..., python: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., nnodes: _Optional[int] = ..., nproc_per_node: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class JobStatus(_message.Message):
+    __slots__ = ("job_id", "state", "nodes", "nnodes", "nproc_per_node", "script", "ranks", "snapshots", "thawed_from", "exit_code")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    NNODES_FIELD_NUMBER: _ClassVar[int]
+    NPROC_PER_NODE_FIELD_NUMBER: _ClassVar[int]
+    SCRIPT_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
+    THAWED_FROM_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    state: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    nnodes: int
+    nproc_per_node: int
+    script: str
+    ranks: _containers.RepeatedCompositeFieldContainer[_common_pb2.RankState]
+    snapshots: _containers.RepeatedScalarFieldContainer[str]
+    thawed_from: str
+    exit_code: int
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., nnodes: _Optional[int] = ..., nproc_per_node: _Optional[int] = ..., script: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[_common_pb2.RankState, _Mapping]]] = ..., snapshots: _Optional[_Iterable[str]] = ..., thawed_from: _Optional[str] = ..., exit_code: _Optional[int] = ...) -> None: ...
+
+class JobList(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[JobStatus]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[JobStatus, _Mapping]]] = ...) -> None: ...
+
+class FreezeRequest(_message.Message):
+    __slots__ = ("job_id", "stop", "quiesce_timeout_s")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STOP_FIELD_NUMBER: _ClassVar[int]
+    QUIESCE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    stop: bool
+    quiesce_timeout_s: float
+    def __init__(self, job_id: _Optional[str] = ..., stop: _Optional[bool] = ..., quiesce_timeout_s: _Optional[float] = ...) -> None: ...
+
+class FreezeStats(_message.Message):
+    __slots__ = ("quiesce_s", "dump_s", "upload_s", "stall_s", "image_bytes", "uploads", "total_s")
+    QUIESCE_S_FIELD_NUMBER: _ClassVar[int]
+    DUMP_S_FIELD_NUMBER: _ClassVar[int]
+    UPLOAD_S_FIELD_NUMBER: _ClassVar[int]
+    STALL_S_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    UPLOADS_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_S_FIELD_NUMBER: _ClassVar[int]
+    quiesce_s: float
+    dump_s: float
+    upload_s: float
+    stall_s: float
+    image_bytes: int
+    uploads: _containers.RepeatedCompositeFieldContainer[_common_pb2.UploadWindow]
+    total_s: float
+    def __init__(self, quiesce_s: _Optional[float] = ..., dump_s: _Optional[float] = ..., upload_s: _Optional[float] = ..., stall_s: _Optional[float] = ..., image_bytes: _Optional[int] = ..., uploads: _Optional[_Iterable[_Union[_common_pb2.UploadWindow, _Mapping]]] = ..., total_s: _Optional[float] = ...) -> None: ...
+
+class FreezeDone(_message.Message):
+    __slots__ = ("snapshot_id", "stopped", "stats")
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    STOPPED_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    snapshot_id: str
+    stopped: bool
+    stats: FreezeStats
+    def __init__(self, snapshot_id: _Optional[str] = ..., stopped: _Optional[bool] = ..., stats: _Optional[_Union[FreezeStats, _Mapping]] = ...) -> None: ...
+
+class FreezeEvent(_message.Message):
+    __slots__ = ("phase", "progress", "done")
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    phase: _common_pb2.PhaseEvent
+    progress: _common_pb2.TransferProgress
+    done: FreezeDone
+    def __init__(self, phase: _Optional[_Union[_common_pb2.PhaseEvent, _Mapping]] = ..., progress: _Optional[_Union[_common_pb2.TransferProgress, _Mapping]] = ..., done: _Optional[_Union[FreezeDone, _Mapping]] = ...) -> None: ...
+
+class ThawRequest(_message.Message):
+    __slots__ = ("snapshot_id", "job_id", "nodes")
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    snapshot_id: str
+    job_id: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, snapshot_id: _Optional[str] = ..., job_id: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class NodeThawStats(_message.Message):
+    __slots__ = ("node", "restore_s", "resume_s")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_S_FIELD_NUMBER: _ClassVar[int]
+    RESUME_S_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    restore_s: float
+    resume_s: float
+    def __init__(self, node: _Optional[str] = ..., restore_s: _Optional[float] = ..., resume_s: _Optional[float] = ...) -> None: ...
+
+class ThawStats(_message.Message):
+    __slots__ = ("fetch_s", "restore_s", "total_s", "nodes")
+    FETCH_S_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_S_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_S_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    fetch_s: float
+    restore_s: float
+    total_s: float
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeThawStats]
+    def __init__(self, fetch_s: _Optional[float] = ..., restore_s: _Optional[float] = ..., total_s: _Optional[float] = ..., nodes: _Optional[_Iterable[_Union[NodeThawStats, _Mapping]]] = ...) -> None: ...
+
+class ThawDone(_message.Message):
+    __slots__ = ("job_id", "stats")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    stats: ThawStats
+    def __init__(self, job_id: _Optional[str] = ..., stats: _Optional[_Union[ThawStats, _Mapping]] = ...) -> None: ...
+
+class ThawEvent(_message.Message):
+    __slots__ = ("phase", "progress", "done")
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    phase: _common_pb2.PhaseEvent
+    progress: _common_pb2.TransferProgress
+    done: ThawDone
+    def __init__(self, phase: _Optional[_Union[_common_pb2.PhaseEvent, _Mapping]] = ..., progress: _Optional[_Union[_common_pb2.TransferProgress, _Mapping]] = ..., done: _Optional[_Union[ThawDone, _Mapping]] = ...) -> None: ...
+
+class ListSnapshotsRequest(_message.Message):
+    __slots__ = ("job_id",)
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    def __init__(self, job_id: _Optional[str] = ...) -> None: ...
+
+class SnapshotRef(_message.Message):
+    __slots__ = ("snapshot_id",)
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    snapshot_id: str
+    def __init__(self, snapshot_id: _Optional[str] = ...) -> None: ...
+
+class SnapshotSummary(_message.Message):
+    __slots__ = ("snapshot_id", "job_id", "created", "ranks", "nodes", "stored_bytes", "raw_bytes", "stats")
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    CREATED_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    snapshot_id: str
+    job_id: str
+    created: float
+    ranks: int
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    stored_bytes: int
+    raw_bytes: int
+    stats: FreezeStats
+    def __init__(self, snapshot_id: _Optional[str] = ..., job_id: _Optional[str] = ..., created: _Optional[float] = ..., ranks: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., stored_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., stats: _Optional[_Union[FreezeStats, _Mapping]] = ...) -> None: ...
+
+class SnapshotList(_message.Message):
+    __slots__ = ("snapshots",)
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
+    snapshots: _containers.RepeatedCompositeFieldContainer[SnapshotSummary]
+    def __init__(self, snapshots: _Optional[_Iterable[_Union[SnapshotSummary, _Mapping]]] = ...) -> None: ...
+
+class SnapshotDetail(_message.Message):
+    __slots__ = ("summary", "job", "freeze_id", "targets", "rank_records", "env_omitted")
+    class TargetsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    JOB_FIELD_NUMBER: _ClassVar[int]
+    FREEZE_ID_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    RANK_RECORDS_FIELD_NUMBER: _ClassVar[int]
+    ENV_OMITTED_FIELD_NUMBER: _ClassVar[int]
+    summary: SnapshotSummary
+    job: _common_pb2.JobSpec
+    freeze_id: str
+    targets: _containers.ScalarMap[str, int]
+    rank_records: _containers.RepeatedCompositeFieldContainer[_common_pb2.RankRecord]
+    env_omitted: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, summary: _Optional[_Union[SnapshotSummary, _Mapping]] = ..., job: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., freeze_id: _Optional[str] = ..., targets: _Optional[_Mapping[str, int]] = ..., rank_records: _Optional[_Iterable[_Union[_common_pb2.RankRecord, _Mapping]]] = ..., env_omitted: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DeleteReply(_message.Message):
+    __slots__ = ("deleted",)
+    DELETED_FIELD_NUMBER: _ClassVar[int]
+    deleted: str
+    def __init__(self, deleted: _Optional[str] = ...) -> None: ...
+
+class GcRequest(_message.Message):
+    __slots__ = ("min_age_s", "delete")
+    MIN_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    DELETE_FIELD_NUMBER: _ClassVar[int]
+    min_age_s: float
+    delete: bool
+    def __init__(self, min_age_s: _Optional[float] = ..., delete: _Optional[bool] = ...) -> None: ...
+
+class GcOrphan(_message.Message):
+    __slots__ = ("snapshot_id", "objects", "bytes", "newest_age_s", "action", "reason", "failed_keys")
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    NEWEST_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    ACTION_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    FAILED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    snapshot_id: str
+    objects: int
+    bytes: int
+    newest_age_s: float
+    action: str
+    reason: str
+    failed_keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, snapshot_id: _Optional[str] = ..., objects: _Optional[int] = ..., bytes: _Optional[int] = ..., newest_age_s: _Optional[float] = ..., action: _Optional[str] = ..., reason: _Optional[str] = ..., failed_keys: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class GcSummary(_message.Message):
+    __slots__ = ("orphans", "objects", "bytes", "kept", "collected", "collected_bytes", "failed", "failed_keys")
+    ORPHANS_FIELD_NUMBER: _ClassVar[int]
+    OBJECTS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    COLLECTED_FIELD_NUMBER: _ClassVar[int]
+    COLLECTED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_KEYS_FIELD_NUMBER: _ClassVar[int]
+    orphans: int
+    objects: int
+    bytes: int
+    kept: int
+    collected: int
+    collected_bytes: int
+    failed: int
+    failed_keys: int
+    def __init__(self, orphans: _Optional[int] = ..., objects: _Optional[int] = ..., bytes: _Optional[int] = ..., kept: _Optional[int] = ..., collected: _Optional[int] = ..., collected_bytes: _Optional[int] = ..., failed: _Optional[int] = ..., failed_keys: _Optional[int] = ...) -> None: ...
+
+class GcReport(_message.Message):
+    __slots__ = ("store", "now", "min_age_s", "delete", "orphans", "summary")
+    STORE_FIELD_NUMBER: _ClassVar[int]
+    NOW_FIELD_NUMBER: _ClassVar[int]
+    MIN_AGE_S_FIELD_NUMBER: _ClassVar[int]
+    DELETE_FIELD_NUMBER: _ClassVar[int]
+    ORPHANS_FIELD_NUMBER: _ClassVar[int]
+    SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    store: str
+    now: float
+    min_age_s: float
+    delete: bool
+    orphans: _containers.RepeatedCompositeFieldContainer[GcOrphan]
+    summary: GcSummary
+    def __init__(self, store: _Optional[str] = ..., now: _Optional[float] = ..., min_age_s: _Optional[float] = ..., delete: _Optional[bool] = ..., orphans: _Optional[_Iterable[_Union[GcOrphan, _Mapping]]] = ..., summary: _Optional[_Union[GcSummary, _Mapping]] = ...) -> None: ...
+
+class ShutdownRequest(_message.Message):
+    __slots__ = ("force",)
+    FORCE_FIELD_NUMBER: _ClassVar[int]
+    force: bool
+    def __init__(self, force: _Optional[bool] = ...) -> None: ...
+
+class ShutdownReply(_message.Message):
+    __slots__ = ("stopping", "cancelled")
+    STOPPING_FIELD_NUMBER: _ClassVar[int]
+    CANCELLED_FIELD_NUMBER: _ClassVar[int]
+    stopping: bool
+    cancelled: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, stopping: _Optional[bool] = ..., cancelled: _Optional[_Iterable[str]] = ...) -> None: ...
