@@ -415,8 +415,10 @@ class Coordinator:
             if prev is not None:
                 rec.snapshots = list(prev.snapshots)
             self._jobs[job_id] = rec
+        # A fork of a job that still runs must leave its original's files alone.
+        fork_of_live = spec0.job_id in active and job_id != spec0.job_id
         try:
-            yield from ThawOperation(snap, meta, spec, agents).run()
+            yield from ThawOperation(snap, meta, spec, agents, fork_of_live_job=fork_of_live).run()
         except BaseException:
             with self._lock:
                 if prev is not None:

@@ -51,6 +51,7 @@ class ThawOperation:
         spec: JobSpec,
         agents: Sequence[AgentHandle],
         resume_timeout: float = 120.0,
+        fork_of_live_job: bool = False,
     ) -> None:
         if len(agents) != spec.nnodes:
             raise errors.InvalidArgument(
@@ -64,6 +65,7 @@ class ThawOperation:
         self.spec = spec
         self.agents = list(agents)
         self.resume_timeout = resume_timeout
+        self.put_back_files = not fork_of_live_job
         self._ranks = ranks_by_node(meta, spec.nnodes)
 
     def run(self) -> Iterator[coordinator_pb2.ThawEvent]:
@@ -130,7 +132,7 @@ class ThawOperation:
                 agent_pb2.RestoreRequest(
                     op=ops[a.name], spec=self.spec.to_proto(), ranks=self._ranks[node_of[a.name]],
                     node_rank=node_of[a.name], timeout_s=self.resume_timeout,
-                    rdzv=opened["rdzv"], epoch=self.thaw_id,
+                    rdzv=opened["rdzv"], epoch=self.thaw_id, put_back_files=self.put_back_files,
                 ),
                 timeout=None,
             )  # fmt: skip

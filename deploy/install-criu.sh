@@ -1,38 +1,40 @@
 #!/usr/bin/env bash
-# deploy/install-criu.sh - idempotent install of CRIU >= 4.1 and pycriu for snapshotter.
+# deploy/install-criu.sh - idempotent install of CRIU >= 4.2 and pycriu for snapshotter.
 #
-#   sudo deploy/install-criu.sh [--python PATH] [--smoke] [--force]
+#   sudo deploy/install-criu.sh [--python PATH] [--smoke] [--force] [--prefix DIR]
 #
 # Result, on every supported machine:
 #   /opt/snapshotter/criu/bin/criu        exec wrapper; the one criu path the product uses
 #   /opt/snapshotter/criu/python/pycriu   pycriu package (only that; no other Debian modules)
 #   <site-packages of --python>/snapshotter-pycriu.pth   makes the directory above importable
-#   /usr/local/sbin/criu -> the wrapper   only when no criu >= 4.1 is already on PATH
+#   /usr/local/sbin/criu -> the wrapper   only when no criu >= 4.2 is already on PATH
 #
-# Debian 13 (trixie): `apt-get install criu python3-pycriu`; the wrapper execs /usr/sbin/criu.
-# Debian 12 (bookworm): its criu 3.17 does not work on current kernels ("Unexpected rt vDSO
-#   area bounds"), and trixie's criu 4.1 needs glibc >= 2.38. So trixie's criu, libcompel1,
-#   python3-pycriu and their whole library closure (trixie libc6 included) are downloaded with
-#   a PRIVATE apt configuration (own sources list, lists, cache, empty dpkg status; the
-#   system's apt sources, lists and installed packages are never touched), unpacked with
-#   `dpkg -x` under /opt/snapshotter/criu, and criu is started through that prefix's own
-#   dynamic loader. Mirror URIs and keyrings are derived from the machine's apt configuration
-#   (no host name is written here); Release signatures are always verified.
+# Why 4.2: Linux 6.16 restricted SO_PASSCRED/SO_PASSSEC to unix, netlink and bluetooth
+#   sockets, and CRIU 4.1 reads them from every socket, so it cannot dump a process holding
+#   any TCP socket on current kernels (criu commit 4b73985, in 4.2). Debian 12's criu 3.17
+#   does not even start on them ("Unexpected rt vDSO area bounds"), and Debian 13 ships 4.1.1.
+# So on Debian 12 and 13 alike, Debian forky's criu, libcompel1, python3-pycriu and their whole
+#   library closure (forky's libc6 included) are downloaded with a PRIVATE apt configuration
+#   (own sources list, lists, cache, empty dpkg status; the system's apt sources, lists and
+#   installed packages are never touched), unpacked with `dpkg -x` under the prefix, and criu
+#   is started through that prefix's own dynamic loader. Mirror URIs and keyrings are derived
+#   from the machine's apt configuration (no host name is written here); Release signatures
+#   are always verified.
 #
-# pycriu 4.1.1 as shipped by Debian reads FieldDescriptor.label, which protobuf >= 7 removed
+# pycriu as shipped by Debian may read FieldDescriptor.label, which protobuf >= 7 removed
 # (pycriu.images.* -> AttributeError). The private copy gets the upstream fix backported
-# (checkpoint-restore/criu PR #3008); the RPC part (pycriu.criu) works with protobuf 7 as is.
+# (checkpoint-restore/criu PR #3008) where it is missing; the RPC part works as is.
 
 set -Eeuo pipefail
 
-PREFIX=/opt/snapshotter/criu
-WRAPPER="$PREFIX/bin/criu"
-PYDIR="$PREFIX/python"
+DEFAULT_PREFIX=/opt/snapshotter/criu
+PREFIX=$DEFAULT_PREFIX
 PTH_NAME=snapshotter-pycriu.pth
 SBIN_LINK=/usr/local/sbin/criu
 MIN_MAJOR=4
-MIN_MINOR=1
-TARGET_SUITE=trixie
+MIN_MINOR=2
+# A testing suite: no -updates, and its security fixes arrive in the suite itself.
+TARGET_SUITE=forky
 SCRIPT_DIR=$(cd "$(dirname "${BASH_SOURCE[0]}")" && pwd)
 
 PYTHON=""
@@ -50,7 +52,9 @@ usage() {
 Options:
   --python PATH   interpreter that must be able to import pycriu (default: python3 on PATH)
   --smoke         also dump a throwaway 'sleep' process through pycriu (deploy/criu_smoke.py)
-  --force         re-download and re-install even if a working criu >= 4.1 is installed
+  --force         re-download and re-install even if a working criu >= 4.2 is installed
+  --prefix DIR    install there instead of /opt/snapshotter/criu (no /usr/local/sbin link);
+                  point SNAPSHOTTER_CRIU at DIR/bin/criu to use it
 EOF
 }
 
@@ -60,10 +64,14 @@ while [ $# -gt 0 ]; do
         --python=*) PYTHON=${1#--python=}; shift ;;
         --smoke) SMOKE=1; shift ;;
         --force) FORCE=1; shift ;;
+        --prefix) [ $# -ge 2 ] || die "--prefix needs a directory"; PREFIX=$2; shift 2 ;;
         -h|--help) usage; exit 0 ;;
         *) usage >&2; die "unknown argument: $1" ;;
     esac
 done
+
+WRAPPER="$PREFIX/bin/criu"
+PYDIR="$PREFIX/python"
 
 # ---------------------------------------------------------------------------------------------
 # helpers
@@ -140,36 +148,7 @@ if [ -n "$PYTHON" ]; then
 fi
 
 # ---------------------------------------------------------------------------------------------
-# Debian 13: the distribution's packages
-
-install_debian13() {
-    log "installing criu and python3-pycriu from the system's apt sources"
-    export DEBIAN_FRONTEND=noninteractive
-    apt-get update || die "apt-get update failed (check the machine's apt sources / network)"
-    apt-get install -y --no-install-recommends criu python3-pycriu \
-        || die "apt-get install criu python3-pycriu failed"
-    [ -x /usr/sbin/criu ] || die "/usr/sbin/criu missing after apt-get install criu"
-    local src=/usr/lib/python3/dist-packages/pycriu
-    [ -d "$src" ] || die "$src missing after apt-get install python3-pycriu"
-
-    local stage="$PREFIX.new.$$"
-    rm -rf "$stage"; mkdir -p "$stage/bin" "$stage/python"
-    cat >"$stage/bin/criu" <<'EOF'
-#!/bin/sh
-# generated by deploy/install-criu.sh (Debian 13): the distribution's criu
-exec /usr/sbin/criu "$@"
-EOF
-    chmod 0755 "$stage/bin/criu"
-    # a copy (not a link) so that the protobuf-7 fix below does not touch Debian's files;
-    # re-run this script after a criu package upgrade to refresh it.
-    cp -a "$src" "$stage/python/pycriu"
-    patch_pb2dict "$stage/python"
-    dpkg-query -W -f='${Package} ${Version}\n' criu python3-pycriu >"$stage/MANIFEST"
-    swap_in "$stage"
-}
-
-# ---------------------------------------------------------------------------------------------
-# Debian 12: trixie packages, private apt configuration, private prefix
+# forky packages, private apt configuration, private prefix (Debian 12 and 13)
 
 # Prints "URI SUITE SIGNED-BY" for every enabled "deb" entry of the machine's apt sources.
 list_apt_sources() {
@@ -210,7 +189,7 @@ list_apt_sources() {
     done
 }
 
-install_debian12() {
+install_private() {
     command -v dpkg-deb >/dev/null || die "dpkg-deb not found"
     local host=${CODENAME:-bookworm}
     local entries main_uri="" main_key="" sec_uri="" sec_key="" uri suite key
@@ -247,11 +226,7 @@ install_debian12() {
     if id _apt >/dev/null 2>&1; then chown -R _apt:root "$W/state/lists/partial" "$W/cache/archives/partial" "$W/debs"; fi
 
     write_sources() {  # $1: keyring for the main mirror, $2: for the security mirror
-        {
-            echo "deb [signed-by=$1] $main_uri $TARGET_SUITE main"
-            echo "deb [signed-by=$1] $main_uri $TARGET_SUITE-updates main"
-            [ -z "$sec_uri" ] || echo "deb [signed-by=$2] $sec_uri $TARGET_SUITE-security main"
-        } >"$W/etc/sources.list"
+        echo "deb [signed-by=$1] $main_uri $TARGET_SUITE main" >"$W/etc/sources.list"
         log "private apt sources ($W/etc/sources.list):"
         sed 's/^/    /' "$W/etc/sources.list"
     }
@@ -264,7 +239,6 @@ install_debian12() {
         ! grep -Eq 'NO_PUBKEY|EXPKEYSIG|REVKEYSIG|BADSIG|is not signed|could not be verified|couldn.t be verified' "$W/update.log"
     }
 
-    [ -n "$sec_uri" ] || warn "no '$host-security' entry in the apt sources: $TARGET_SUITE-security will not be used"
     write_sources "$main_key" "$sec_key"
     log "apt-get update (private lists only, signatures verified)"
     if ! private_update; then
@@ -318,7 +292,7 @@ install_debian12() {
     [ -x "$stage/usr/sbin/criu" ] || die "criu package did not provide usr/sbin/criu"
     cat >"$stage/bin/criu" <<EOF
 #!/bin/sh
-# generated by deploy/install-criu.sh (Debian 12): Debian $TARGET_SUITE criu $criu_ver, run by
+# generated by deploy/install-criu.sh: Debian $TARGET_SUITE criu $criu_ver, run by
 # its own glibc through the prefix's dynamic loader. exec keeps pid and inherited fds
 # (\`criu swrk <fd>\`) untouched. --inhibit-cache: never fall back to the host's ld.so.cache.
 exec "$PREFIX/usr/lib/$TRIPLET/$LDSO" --inhibit-cache --argv0 criu \\
@@ -361,7 +335,7 @@ else
     if [ "$FORCE" -eq 1 ]; then log "--force: reinstalling"
     elif [ -e "$WRAPPER" ]; then log "existing $WRAPPER is not a working criu >= $MIN_MAJOR.$MIN_MINOR with pycriu: reinstalling"
     else log "no $WRAPPER yet: installing"; fi
-    if [ "$DEBIAN" -eq 13 ]; then install_debian13; else install_debian12; fi
+    install_private
 fi
 
 VER=$(criu_version "$WRAPPER")
@@ -369,9 +343,11 @@ VER=$(criu_version "$WRAPPER")
 version_ok "$VER" || die "$WRAPPER is criu $VER, need >= $MIN_MAJOR.$MIN_MINOR"
 log "criu version via $WRAPPER: $VER"
 
-# /usr/local/sbin/criu -> wrapper, only if PATH has no criu >= 4.1 yet
+# /usr/local/sbin/criu -> wrapper, only if PATH has no criu >= 4.2 yet
 existing=$(command -v criu || true)
-if [ -L "$SBIN_LINK" ] && [ "$(readlink "$SBIN_LINK")" = "$WRAPPER" ]; then
+if [ "$PREFIX" != "$DEFAULT_PREFIX" ]; then
+    log "prefix $PREFIX: no $SBIN_LINK link (SNAPSHOTTER_CRIU=$WRAPPER selects it)"
+elif [ -L "$SBIN_LINK" ] && [ "$(readlink "$SBIN_LINK")" = "$WRAPPER" ]; then
     log "$SBIN_LINK -> $WRAPPER already present"
 elif [ -n "$existing" ] && version_ok "$(criu_version "$existing")"; then
     log "criu $(criu_version "$existing") already on PATH at $existing: not creating $SBIN_LINK"

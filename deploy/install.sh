@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Sets up a fresh Debian 12 or 13 machine (as root) for snapshotter, idempotently:
 #   system packages (compiler for csrc/, iproute2 for node namespaces),
-#   CRIU >= 4.1 and pycriu (deploy/install-criu.sh),
+#   CRIU >= 4.2 and pycriu (deploy/install-criu.sh),
 #   a virtual environment with snapshotter (versions from constraints.txt) and, with
 #   --with-job-deps, the demo/test job's own dependencies (the CPU build of torch==2.13.0: the
 #   job's dependency, not snapshotter's), the sandbox init built from csrc/, and the

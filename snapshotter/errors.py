@@ -131,19 +131,26 @@ class CriuFailed(SnapshotterError):
 
     exit_code = 10
     code = "criu_failed"
-    fields = ("action", "log_path", "tail")
+    fields = ("action", "log_path", "tail", "first")
 
     def __init__(
-        self, action: str, log_path: str, tail: Sequence[str], next_step: str = ""
+        self,
+        action: str,
+        log_path: str,
+        tail: Sequence[str],
+        next_step: str = "",
+        first: str = "",
     ) -> None:
         lines = "\n    ".join(tail) if tail else "(log empty)"
+        why = f": {first}" if first else ""
         super().__init__(
-            f"criu {action} failed; log: {log_path}\n  last errors:\n    {lines}",
+            f"criu {action} failed{why}; log: {log_path}\n  last errors:\n    {lines}",
             next_step or f"read {log_path}; the job was left as it was before the {action}",
         )
         self.action = action
         self.log_path = log_path
         self.tail = list(tail)
+        self.first = first
 
 
 class GpuCheckpointError(SnapshotterError):

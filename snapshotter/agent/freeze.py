@@ -26,7 +26,8 @@ from snapshotter.gpu.stage import GpuHold, GpuStage
 from snapshotter.hook import protocol
 from snapshotter.launch.env import RdzvAddress, resume_env
 from snapshotter.rpc import convert
-from snapshotter.sandbox import criu
+from snapshotter.sandbox import criu, files
+from snapshotter.sandbox.spawn import PRIVATE_TMP
 from snapshotter.storage.api import ObjectStore
 from snapshotter.storage.transfer import Progress, SnapshotWriter
 from snapshotter.v1 import agent_pb2, common_pb2
@@ -195,7 +196,10 @@ class Freezes:
                 images = fr.work / f"rank-{r.rank}"
                 images.mkdir(parents=True, exist_ok=True)
                 t0 = time.monotonic()
-                criu.dump(r.sandbox.pid, images, leave_running=True, log_dir=logs / images.name)
+                criu.dump(
+                    r.sandbox.pid, images, leave_running=True, log_dir=logs / images.name,
+                    while_stopped=lambda img: files.keep_written_files(img, [str(PRIVATE_TMP)]),
+                )  # fmt: skip
                 rec = common_pb2.RankRecord(
                     rank=r.rank,
                     local_rank=r.placement.local_rank,

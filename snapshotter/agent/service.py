@@ -107,7 +107,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     def Restore(self, req: agent_pb2.RestoreRequest, ctx: Any) -> agent_pb2.RestoreReply:
         return self.agent.thaws.restore(
             req.op, JobSpec.from_proto(req.spec), list(req.ranks), req.node_rank,
-            _timeout(req.timeout_s, 120), _rdzv(req), req.epoch,
+            _timeout(req.timeout_s, 120), _rdzv(req), req.epoch, req.put_back_files,
         )  # fmt: skip
 
     def Status(self, req: common_pb2.JobRef, ctx: Any) -> agent_pb2.NodeJob:

@@ -28,7 +28,8 @@ from snapshotter.gpu.stage import GpuStage, records_of
 from snapshotter.launch.env import RankPlacement, RdzvAddress
 from snapshotter.launch.spec import JobSpec
 from snapshotter.rpc import convert
-from snapshotter.sandbox import criu
+from snapshotter.sandbox import criu, files
+from snapshotter.sandbox.spawn import PRIVATE_TMP
 from snapshotter.storage.api import ObjectStore
 from snapshotter.storage.transfer import SnapshotReader
 from snapshotter.v1 import agent_pb2, common_pb2
@@ -109,6 +110,7 @@ class Thaws:
         timeout: float,
         rdzv_at: RdzvAddress | None,
         epoch: str,
+        put_back_files: bool = True,
     ) -> agent_pb2.RestoreReply:
         """Restore this node's ranks from a fetched snapshot, in parallel, then resume them
         with this node's rendezvous address and network settings."""
@@ -138,6 +140,7 @@ class Thaws:
 
             def one(rec: common_pb2.RankRecord) -> RankRuntime:
                 init_cwd = Path(rec.init_cwd)
+                files.prepare_restore(work / rec.stream, put_back_files, [str(PRIVATE_TMP)])
                 self.sandboxes.reserve(init_cwd)
                 try:
                     sb = criu.restore(

@@ -21,7 +21,7 @@ from typing import Any
 
 from snapshotter.hook import protocol
 from snapshotter.hook.barrier import BarrierError, ParkPoint, QuiesceBarrier, State
-from snapshotter.hook.sockets import Owned, tcp_sockets
+from snapshotter.hook.sockets import ForeignSockets, Owned, tcp_sockets
 
 DEFAULT_HOLD_S = 60.0
 SOCKET_CLOSE_WAIT_S = 5.0
@@ -35,6 +35,7 @@ class Hook:
         self.fd_out = fd_out
         self.rank = rank
         self.owned = Owned()
+        self.foreign = ForeignSockets()
         self.barrier = QuiesceBarrier(self._on_parked)
         self.disabled: str = ""
         self._write_lock = threading.Lock()
@@ -58,6 +59,7 @@ class Hook:
         install(self.groups)
 
     def start(self) -> None:
+        self.foreign.install()
         os.register_at_fork(after_in_child=self._after_fork_in_child)
         self._thread = threading.Thread(
             target=self._read_loop, name="snapshotter-control", daemon=True
@@ -162,8 +164,8 @@ class Hook:
         if left:
             desc = ", ".join(f"fd {s.fd} {s.local}->{s.remote} {s.state}" for s in left)
             raise RuntimeError(
-                f"TCP sockets still open after teardown (not opened through torch.distributed's "
-                f"env:// or tcp:// rendezvous or its gloo groups?): {desc}"
+                "TCP sockets of torch.distributed or another C library still open after "
+                f"teardown (not made resumable by the hook): {desc}"
             )
         self.send(protocol.done(protocol.SUSPEND, freeze))
 
@@ -196,9 +198,12 @@ class Hook:
         gc.collect()
 
     def _wait_sockets_closed(self) -> list[Any]:
+        """TCP sockets left after teardown that are not the job's own Python connections
+        (those a snapshot keeps: a restore brings them back closed)."""
         deadline = time.monotonic() + SOCKET_CLOSE_WAIT_S
         while True:
-            left = tcp_sockets()
+            foreign = self.foreign.fds()
+            left = [s for s in tcp_sockets() if s.fd not in foreign]
             if not left or time.monotonic() > deadline:
                 self.owned.forget_closed()
                 return left

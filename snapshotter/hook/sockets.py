@@ -1,10 +1,18 @@
-"""Which TCP sockets a process holds, read from /proc; and the ones the hook opened itself.
+"""Which TCP sockets a process holds, read from /proc; the ones the hook opened itself; and the
+ones the job's own Python code opened.
 
-A dumped rank must hold no TCP connection to a peer, so the hook records the sockets that appear
-while it opens a store connection or builds a communicator (`Owned.track`), checks after a
-teardown that none is left (`tcp_sockets`), and closes its own in every child forked from the
-rank (DataLoader workers inherit the rank's fds; a copy there would keep the connection alive in
-the dumped process tree).
+A dumped rank must hold no connection of its communicators or rendezvous store (they are
+rebuilt after a thaw), so the hook records the sockets that appear while it opens a store
+connection or builds a communicator (`Owned.track`), checks after a teardown that no such
+socket is left (`tcp_sockets`), and closes its own in every child forked from the rank
+(DataLoader workers inherit the rank's fds; a copy there would keep the connection alive in the
+dumped process tree).
+
+Connections the job's Python code opened itself, through the `socket` module (an HTTP client
+posting metrics, an experiment tracker, TLS included), are the job's business: a snapshot holds
+them as they are, and a restore brings them back closed, so the job sees a reset and its client
+reconnects (`ForeignSockets`). A leftover TCP socket that is neither ours nor Python's belongs
+to torch or another C library: the freeze is refused and names it.
 
 Linux only; stdlib only; never opens a socket.
 """
@@ -12,7 +20,9 @@ Linux only; stdlib only; never opens a socket.
 from __future__ import annotations
 
 import os
+import socket
 import threading
+import weakref
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -139,3 +149,35 @@ class Owned:
         live = set(socket_inodes().values())
         with self._lock:
             self._inodes &= live
+
+
+class ForeignSockets:
+    """Every socket the job's Python code creates (recorded from `socket.socket.__init__`,
+    which SSL sockets, socketpair and fromfd also go through), held weakly."""
+
+    def __init__(self) -> None:
+        self._socks: weakref.WeakSet[socket.socket] = weakref.WeakSet()
+        self._lock = threading.Lock()
+
+    def install(self) -> None:
+        real = socket.socket.__init__
+        socks, lock = self._socks, self._lock
+
+        def init(sock: socket.socket, *args: object, **kwargs: object) -> None:
+            real(sock, *args, **kwargs)  # type: ignore[arg-type]
+            with lock:
+                socks.add(sock)
+
+        socket.socket.__init__ = init  # type: ignore[method-assign,assignment]
+
+    def fds(self) -> set[int]:
+        with self._lock:
+            socks = list(self._socks)
+        return {fd for s in socks if (fd := _fileno(s)) >= 0}
+
+
+def _fileno(s: socket.socket) -> int:
+    try:
+        return s.fileno()
+    except OSError:
+        return -1

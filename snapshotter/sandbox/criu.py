@@ -17,8 +17,10 @@ tmpfs, contents and all; restores set auto_ext_mnt and root="/", so CRIU builds 
 namespace from this machine's mounts at the same paths plus a fresh copy of the tmpfs. The
 restoring machine must therefore have those host mounts at the same paths.
 
-Never shells out to `criu dump`/`criu restore`, never sets tcp_established (ranks close
-their sockets before a dump), never sets shell_job (ranks have no terminal).
+Never shells out to `criu dump`/`criu restore`, never sets shell_job (ranks have no terminal).
+The ranks close their communicators' and store's sockets before a dump; the only TCP sockets
+left are the job's own connections to outside services, dumped established and restored
+closed (needs CRIU >= 4.2 on Linux >= 6.16: MIN_VERSION).
 """
 
 from __future__ import annotations
@@ -31,6 +33,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import socket
 import subprocess
 import tempfile
@@ -48,13 +51,14 @@ from snapshotter.sandbox.spawn import PIPE_NAMES, Sandbox, is_subreaper, netns_p
 
 ENV_VAR = "SNAPSHOTTER_CRIU"
 DEFAULT_CRIU = Path("/opt/snapshotter/criu/bin/criu")
-MIN_VERSION = (4, 1)
+# 4.2: CRIU 4.1 reads SO_PASSCRED from every socket, which Linux 6.16 refuses for TCP.
+MIN_VERSION = (4, 2)
 LOG_LEVEL = 4
 # PyTorch DataLoader workers pass tensors through unlinked /dev/shm files; CRIU copies
 # unlinked files into the images ("ghosts") only up to this size each (default 1 MiB).
 GHOST_LIMIT = 1 << 30
 TAIL_LINES = 15
-_INSTALL_HINT = "run deploy/install-criu.sh (or set $SNAPSHOTTER_CRIU to a CRIU >= 4.1)"
+_INSTALL_HINT = "run deploy/install-criu.sh (or set $SNAPSHOTTER_CRIU to a CRIU >= 4.2)"
 _SWRK_EXIT_TIMEOUT = 30.0
 # A CRIU call still running after this is stuck (a dump moves GB/s; these are hours of it).
 DUMP_TIMEOUT_S = 3600.0
@@ -95,8 +99,9 @@ def _checked(path: str) -> Path:
     version = (int(m.group(1)), int(m.group(2)))
     if version < MIN_VERSION:
         raise CriuUnavailable(
-            f"{path} is CRIU {version[0]}.{version[1]}; snapshotter needs >= 4.1 (older ones"
-            " fail on this kernel's vDSO layout)",
+            f"{path} is CRIU {version[0]}.{version[1]}; snapshotter needs >= 4.2 (older ones "
+            "cannot dump a process holding a TCP socket on Linux >= 6.16, or fail on its vDSO "
+            "layout)",
             _INSTALL_HINT,
         )
     return Path(path)
@@ -106,7 +111,7 @@ def criu_binary() -> Path:
     """$SNAPSHOTTER_CRIU, else /opt/snapshotter/criu/bin/criu, else `criu` on PATH.
 
     Raises:
-        CriuUnavailable: none found, or the one found is older than 4.1 or does not run.
+        CriuUnavailable: none found, or the one found is older than 4.2 or does not run.
     """
     override = os.environ.get(ENV_VAR)
     if override:
@@ -134,12 +139,16 @@ def dump(
     leave_running: bool,
     log_dir: Path,
     timeout: float = DUMP_TIMEOUT_S,
+    while_stopped: Callable[[Path], object] | None = None,
 ) -> DumpStats:
     """Dump the tree rooted at `pid` (a sandbox init) into `images_dir`.
 
     `log_dir` is CRIU's work dir: it gets `dump-<pid>-<n>.log`; give each sandbox its own.
     A task in another network namespace is dumped by a criu running in that namespace, so
-    the namespace itself is not dumped.
+    the namespace itself is not dumped. With `while_stopped` (and leave_running), CRIU leaves
+    every task stopped after the dump, `while_stopped(images_dir)` runs, and only then does
+    the tree go on: what it does sees the tree exactly as the images do (files.py keeps the
+    files the ranks write that way).
 
     Raises:
         CriuUnavailable: no usable CRIU or pycriu.
@@ -152,17 +161,32 @@ def dump(
     log_name = f"dump-{pid}-{next(_seq)}.log"
     netns = _foreign_netns(pid)
 
+    stop_after = while_stopped is not None and leave_running
+
     def configure(opts: Any) -> None:
         opts.pid = pid
         opts.leave_running = leave_running
+        opts.leave_stopped = stop_after
+        # Connections the job opened to outside services are dumped as they are (repair
+        # mode, and back to normal for a tree left running); a restore brings them back
+        # closed. No network lock: it needs iptables/nft, and the connections are the job's
+        # own (a peer's packet during the dump's milliseconds is retransmitted).
+        opts.tcp_established = True
+        opts.network_lock = pycriu.rpc.SKIP
         opts.ghost_limit = GHOST_LIMIT
         opts.file_locks = True
         # Host mounts in a private-tmp sandbox's namespace: external (no-op without one).
         opts.auto_ext_mnt = True
 
     start = time.monotonic()
-    with _root_cwd_lock(pid):
-        _call(pycriu, "dump", images_dir, log_dir, log_name, configure, (), netns, timeout)
+    try:
+        with _root_cwd_lock(pid):
+            _call(pycriu, "dump", images_dir, log_dir, log_name, configure, (), netns, timeout)
+        if while_stopped is not None:
+            while_stopped(images_dir)
+    finally:
+        if stop_after:
+            continue_tree(pid)
     wall = time.monotonic() - start
     return _dump_stats(images_dir, log_dir, log_dir / log_name, wall)
 
@@ -206,6 +230,9 @@ def restore(
         # The root is forked as our child (CLONE_PARENT) instead of criu's: no window in
         # which it is nobody's child, and waitpid() works at once.
         opts.rst_sibling = True
+        # The job's connections to outside services come back closed: the job sees a reset
+        # and reconnects (the peer forgot the connection long ago, or another copy owns it).
+        opts.tcp_close = True
         opts.file_locks = True
         if mount_ns:  # a new mount namespace: this machine's "/" and mounts, our tmpfs
             opts.root = "/"
@@ -297,13 +324,34 @@ def _call(
             _wait(swrk)
             stderr.seek(0)
             extra = stderr.read().decode(errors="replace").splitlines()
-            raise CriuFailed(action, str(log_path), _tail(log_path, [*extra, str(e)])) from e
+            raise CriuFailed(
+                action, str(log_path), _tail(log_path, [*extra, str(e)]),
+                first=first_error(log_path),
+            ) from e  # fmt: skip
         finally:
             watchdog.cancel()
             ours.close()
             os.close(images_fd)
             os.close(work_fd)
             _wait(swrk)
+
+
+def continue_tree(pid: int) -> None:
+    """SIGCONT every process of the tree rooted at `pid` (CRIU's leave_stopped stops them
+    all; continuing only the root would leave its children stopped)."""
+    todo, seen = [pid], set()
+    while todo:
+        p = todo.pop()
+        if p in seen:
+            continue
+        seen.add(p)
+        try:
+            for task in Path(f"/proc/{p}/task").iterdir():
+                todo += [int(c) for c in (task / "children").read_text().split()]
+        except OSError:
+            pass  # gone meanwhile
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(p, signal.SIGCONT)
 
 
 def _kill_overdue(swrk: subprocess.Popen[bytes], action: str, timeout: float) -> None:
@@ -317,6 +365,24 @@ def _wait(swrk: subprocess.Popen[bytes]) -> None:
     except subprocess.TimeoutExpired:
         swrk.kill()
         swrk.wait()
+
+
+# "(00.046000)      2: Error (criu/files-reg.c:2175): File x has bad size 837 (expect 407)"
+_ERROR_LINE = re.compile(r"^\(\s*[\d.]+\)\s+(?:\d+:\s+)?Error \(([^)]*)\):\s*(.*)$")
+
+
+def first_error(log_path: Path) -> str:
+    """CRIU's first real error in a log, as "what (where)": the cause, where the lines after it
+    are its consequences ("Unable to open fd", "Restoring FAILED")."""
+    try:
+        lines = log_path.read_text(errors="replace").splitlines()
+    except OSError:
+        return ""
+    for ln in lines:
+        m = _ERROR_LINE.match(ln.strip())
+        if m and "RLIMIT_NOFILE" not in ln:
+            return f"{m.group(2).strip()} ({m.group(1)})"
+    return ""
 
 
 def _tail(log_path: Path, extra: list[str]) -> list[str]:

@@ -268,7 +268,7 @@ class FetchRef(_message.Message):
     def __init__(self, op: _Optional[str] = ...) -> None: ...
 
 class RestoreRequest(_message.Message):
-    __slots__ = ("op", "spec", "ranks", "node_rank", "timeout_s", "rdzv", "epoch")
+    __slots__ = ("op", "spec", "ranks", "node_rank", "timeout_s", "rdzv", "epoch", "put_back_files")
     OP_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
@@ -276,6 +276,7 @@ class RestoreRequest(_message.Message):
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     RDZV_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
+    PUT_BACK_FILES_FIELD_NUMBER: _ClassVar[int]
     op: str
     spec: _common_pb2.JobSpec
     ranks: _containers.RepeatedCompositeFieldContainer[_common_pb2.RankRecord]
@@ -283,7 +284,8 @@ class RestoreRequest(_message.Message):
     timeout_s: float
     rdzv: _common_pb2.Endpoint
     epoch: str
-    def __init__(self, op: _Optional[str] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., ranks: _Optional[_Iterable[_Union[_common_pb2.RankRecord, _Mapping]]] = ..., node_rank: _Optional[int] = ..., timeout_s: _Optional[float] = ..., rdzv: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., epoch: _Optional[str] = ...) -> None: ...
+    put_back_files: bool
+    def __init__(self, op: _Optional[str] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., ranks: _Optional[_Iterable[_Union[_common_pb2.RankRecord, _Mapping]]] = ..., node_rank: _Optional[int] = ..., timeout_s: _Optional[float] = ..., rdzv: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., epoch: _Optional[str] = ..., put_back_files: _Optional[bool] = ...) -> None: ...
 
 class GpuThaw(_message.Message):
     __slots__ = ("processes", "gpus", "restore_s")
