@@ -60,7 +60,11 @@ say "installing snapshotter$extras into $VENV"
 if [ "$JOB_DEPS" = 1 ]; then
   # Pinned: a bare `torch` would pull a multi-GB CUDA build.
   say "installing the example job's dependencies (torch==2.13.0 CPU build, numpy)"
-  "${PIP[@]}" "torch==2.13.0" numpy
+  trainers=()
+  # The tests also run jobs on the trainers people use; installed with torch so that pip
+  # never reaches for a CUDA build to satisfy them.
+  [ "$TEST_DEPS" = 1 ] && trainers=(transformers accelerate)
+  "${PIP[@]}" "torch==2.13.0" numpy "${trainers[@]}"
 fi
 
 bash "$ROOT/deploy/install-criu.sh" --python "$VENV/bin/python"

@@ -1,16 +1,23 @@
 """The quiesce barrier: where a rank's collectives stop so its communicators can be torn down.
 
-Every collective a rank issues passes through `QuiesceBarrier.enter` (before it is issued) and
-`QuiesceBarrier.complete` (when its work finishes). On a freeze the agent asks for the per-group
-counts of issued collectives (`prepare`), picks for every group one sequence number past the
-maximum over the ranks, and hands it back (`arm`). The thread about to issue that collective
-blocks; once it blocks and nothing this rank issued is still in flight, the rank is quiesced and
-`on_parked` fires once. The agent then tears communicators down (`suspend`) and later rebuilds
-them (`release`), or gives up (`abort`), which lets the parked thread go with the communicators
-it already had.
+Every collective a rank issues passes through `QuiesceBarrier.enter` before it is issued, which
+counts it on its counter: one per group for collectives, and one per *channel* for
+point-to-point ops (`channel(group, src, dst)`: rank `src`'s sends to `dst` and `dst`'s
+receives from `src` on that group count on the same key, so the maximum over the ranks is how
+many messages the channel must carry before both ends stop). What the op returns is handed to
+`track` (a `Pending`): nothing on the op's completion path calls back into Python, so the hook
+never takes the GIL on a communicator's thread nor delays the next op queued behind it.
 
-Between `prepare` and `arm` every thread that is about to issue a collective holds, so that no
-rank can run past the maximum it just reported; without the hold a rank would race through the
+On a freeze the agent asks for the counts of every counter (`prepare`), picks for each one
+a sequence number past the maximum over the ranks, and hands it back (`arm`). The thread about
+to issue that op blocks and becomes the *parker*: it settles what this rank still has in
+flight (polling collectives, waiting out sends and receives, whose completion gloo reports only
+to a waiter), and once nothing is in flight the rank is quiesced and `on_parked` fires once.
+The agent then tears communicators down (`suspend`) and later rebuilds them (`release`), or
+gives up (`abort`), which lets the parked thread go with the communicators it already had.
+
+Between `prepare` and `arm` every thread that is about to issue an op holds, so that no rank
+can run past the maximum it just reported; without the hold a rank would race through the
 chosen target while the agent is still computing it. A hold that is never followed by `arm` or
 `abort` is let go by `expire_hold`.
 
@@ -26,8 +33,29 @@ from __future__ import annotations
 import contextlib
 import enum
 import threading
+from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
+from typing import Protocol
+
+CHANNEL_MARK = "|p2p:"
+
+
+def channel(group: str, src: int, dst: int) -> str:
+    """The counter of point-to-point messages from group rank `src` to `dst` on `group`."""
+    return f"{group}{CHANNEL_MARK}{src}>{dst}"
+
+
+class Pending(Protocol):
+    """An op this rank issued that may still be in flight."""
+
+    def done(self) -> bool:
+        """True once it finished (successfully or not); never blocks."""
+        ...
+
+    def settle(self) -> None:
+        """Wait a little, or until it finished (a send or receive: until its peer matched it)."""
+        ...
 
 
 class State(enum.Enum):
@@ -81,7 +109,8 @@ class QuiesceBarrier:
         self._cond = threading.Condition()
         self._state = State.IDLE
         self._issued: dict[str, int] = {}
-        self._in_flight = 0
+        self._pending: deque[Pending] = deque()
+        self._parker = 0  # the thread that parked: it settles what is still in flight
         self._targets: dict[str, int] = {}
         self._freeze: str = ""
         self._parked_at: ParkPoint | None = None
@@ -96,6 +125,9 @@ class QuiesceBarrier:
     def remove_group(self, key: str) -> None:
         with self._cond:
             self._issued.pop(key, None)
+            for k in [k for k in self._issued if k.startswith(key + CHANNEL_MARK)]:
+                del self._issued[k]
+            self._cond.notify_all()
 
     @contextlib.contextmanager
     def setup(self) -> Iterator[None]:
@@ -119,46 +151,70 @@ class QuiesceBarrier:
     # ---- the collective path ---------------------------------------------------------------
 
     def enter(self, key: str) -> int:
-        """Block while this collective may not be issued; then count it and return its seq.
+        """Block while this op may not be issued; then count it and return its seq.
+
+        A channel key (`channel(...)`) is created by its first message; a group key must
+        have been added.
 
         Raises:
             BarrierError: the group is unknown or was destroyed while the thread waited.
         """
+        me = threading.get_ident()
         with self._cond:
             while True:
                 if key not in self._issued:
-                    raise BarrierError(f"collective on unknown or destroyed group {key!r}")
+                    group, mark, _ = key.partition(CHANNEL_MARK)
+                    if not mark or group not in self._issued:
+                        raise BarrierError(f"collective on unknown or destroyed group {key!r}")
+                    self._issued[key] = 0
                 seq = self._issued[key] + 1
                 if not self._must_wait(key, seq):
                     break
-                if (
-                    self._state is State.ARMED
-                    and self._parked_at is None
-                    and self._targets.get(key) == seq
+                if self._state is State.ARMED and self._parked_at is None and (
+                    self._targets.get(key) == seq
                 ):
                     self._parked_at = ParkPoint(key, seq)
-                    report = self._quiesced_locked()
-                    if report is not None:
-                        self._cond.release()
-                        try:
-                            self._on_parked(*report)
-                        finally:
-                            self._cond.acquire()
+                    self._parker = me
+                if self._state is State.ARMED and self._parker == me:
+                    self._park_locked()
                     continue  # the state may have moved while the lock was let go
                 self._cond.wait()
             self._issued[key] = seq
-            self._in_flight += 1
             return seq
 
-    def complete(self, key: str) -> None:
-        """A collective issued through `enter` finished (successfully or not)."""
-        report: tuple[str, ParkPoint | None] | None = None
+    def track(self, op: Pending) -> None:
+        """`op` was just issued (after `enter`); it is in flight until it is done."""
         with self._cond:
-            self._in_flight -= 1
-            if self._state is State.ARMED and self._parked_at is not None:
-                report = self._quiesced_locked()
+            pending = self._pending
+            while pending and pending[0].done():
+                pending.popleft()
+            pending.append(op)
+
+    def _park_locked(self) -> None:
+        """The parker's turn: report quiesced, or settle one op still in flight."""
+        report = self._quiesced_locked()
         if report is not None:
-            self._on_parked(*report)
+            self._cond.release()
+            try:
+                self._on_parked(*report)
+            finally:
+                self._cond.acquire()
+            return
+        op = self._unsettled_locked()
+        if op is None:  # a setup is still running: it reports when it ends
+            self._cond.wait(0.05)
+            return
+        self._cond.release()
+        try:
+            op.settle()
+        finally:
+            self._cond.acquire()
+
+    def _unsettled_locked(self) -> Pending | None:
+        pending = self._pending
+        while pending and pending[0].done():
+            pending.popleft()
+        return pending[0] if pending else None
 
     def _must_wait(self, key: str, seq: int) -> bool:
         if self._state in (State.HOLDING, State.PARKED, State.SUSPENDED):
@@ -170,7 +226,7 @@ class QuiesceBarrier:
     def _quiesced_locked(self) -> tuple[str, ParkPoint | None] | None:
         if self._setups:
             return None
-        if self._in_flight == 0 and (self._parked_at is not None or not self._issued):
+        if (self._parked_at is not None or not self._issued) and self._unsettled_locked() is None:
             self._state = State.PARKED
             self._cond.notify_all()
             return (self._freeze, self._parked_at)
@@ -216,8 +272,14 @@ class QuiesceBarrier:
                 raise BarrierError(
                     f"cannot arm freeze {freeze_id!r}: barrier is {self._state.value}"
                 )
-            mine = {k: int(v) for k, v in targets.items() if k in self._issued}
-            passed = {k: v for k, v in mine.items() if self._issued[k] >= v}
+            # A channel this rank has not used yet still binds it: its first message on it
+            # may be one its peer will never match.
+            mine = {
+                k: int(v)
+                for k, v in targets.items()
+                if k in self._issued or k.partition(CHANNEL_MARK)[0] in self._issued
+            }
+            passed = {k: v for k, v in mine.items() if self._issued.get(k, 0) >= v}
             if passed:
                 self._to_idle_locked()
                 detail = ", ".join(
@@ -290,4 +352,5 @@ class QuiesceBarrier:
         self._state = State.IDLE
         self._targets = {}
         self._parked_at = None
+        self._parker = 0
         self._cond.notify_all()

@@ -42,8 +42,11 @@ helper wrap); split apart, each half would re-derive what the other patches.
 
 from __future__ import annotations
 
+import contextlib
 import contextvars
 import threading
+import time
+import weakref
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import timedelta
@@ -54,7 +57,7 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import FakeProcessGroup
 
-from snapshotter.hook.barrier import QuiesceBarrier
+from snapshotter.hook.barrier import QuiesceBarrier, channel
 from snapshotter.hook.sockets import Owned
 
 _REAL_GLOO: Any = c10d.ProcessGroupGloo
@@ -63,7 +66,8 @@ _GLOO = dist.ProcessGroup.BackendType.GLOO
 _REAL_NCCL: Any = getattr(c10d, "ProcessGroupNCCL", None)  # None in CPU-only torch builds
 NCCL_BACKEND_NAME = "snapshotter-nccl"
 
-# Every entry point of torch.distributed that issues a collective or p2p op on a group.
+# Every entry point of torch.distributed that issues a collective on a group (send, recv and
+# recv_anysource are methods of their own: they count per channel).
 COLLECTIVES = (
     "allreduce",
     "allreduce_coalesced",
@@ -85,9 +89,6 @@ COLLECTIVES = (
     "alltoall",
     "alltoall_base",
     "all_to_all_single",
-    "send",
-    "recv",
-    "recv_anysource",
     "barrier",
     "monitored_barrier",
 )
@@ -216,24 +217,36 @@ class ResumableProcessGroup(dist.ProcessGroup):
     # ---- forwarding ----------------------------------------------------------------------
 
     def _issue(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        barrier = self._registry.barrier
-        barrier.enter(self._key)
-        try:
-            work = getattr(self._current(), name)(*args, **kwargs)
-        except BaseException:
-            barrier.complete(self._key)
-            raise
+        return self._issue_on(self._key, False, name, args, kwargs)
+
+    def _issue_on(
+        self, key: str, p2p: bool, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
+    ) -> Any:
+        registry = self._registry
+        registry.barrier.enter(key)
+        work = getattr(self._current(), name)(*args, **kwargs)
         if work is None:  # synchronous (monitored_barrier)
-            barrier.complete(self._key)
             return work
-        key = self._key
-        try:
-            fut = work.get_future()
-        except RuntimeError:
-            # gloo's send/recv works have no future; completion is seen on wait().
-            return _TrackedWork(work, lambda: barrier.complete(key))
-        fut.add_done_callback(lambda _f: barrier.complete(key))
-        return work
+        handle = _Handle(work, p2p)
+        registry.handles.add(handle)
+        registry.barrier.track(handle)
+        return handle
+
+    # Point-to-point ops count per channel (peer and direction), not with the collectives:
+    # how many a rank issues on a group differs from its peers'.
+    def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Any:
+        key = channel(self._key, self.rank(), dst)
+        return self._issue_on(key, True, "send", (tensors, dst, tag), {})
+
+    def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Any:
+        key = channel(self._key, src, self.rank())
+        return self._issue_on(key, True, "recv", (tensors, src, tag), {})
+
+    def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Any:
+        raise NotResumable(
+            "snapshotter: recv from any source is not supported on a resumable process group "
+            "(a freeze could not tell which peer's message it is); name the source rank"
+        )
 
     def _set_sequence_number_for_group(self) -> None:
         pass  # the inner backend got its own when it was built
@@ -285,51 +298,119 @@ for _name, _what in REFUSED.items():
     setattr(ResumableProcessGroup, _name, _refuser(_name, _what))
 
 
-class _TrackedWork(dist.Work):
-    """Wraps a work without a future: the barrier learns of its completion on `wait`."""
+class _Handle(dist.Work):
+    """What an op returns to its caller (the script, DDP's Reducer): the real work, until the
+    communicator is torn down.
 
-    def __init__(self, work: dist.Work, done: Callable[[], None]) -> None:
+    A caller may keep a work long after it finished (DDP keeps its unused-parameter allreduce
+    until the next step; scripts keep handles in lists), and a gloo work pins its context and
+    with it every socket of the communicator. `release` (at teardown, once nothing is in
+    flight) drops the real work and keeps its outcome, so the sockets close under any handle.
+
+    A gloo send or receive reports completion only to a waiter, and its second wait would
+    block for a message that never comes: `settle` (the barrier's parker) and `wait` (the
+    caller) share one wait under a lock.
+    """
+
+    def __init__(self, work: Any, p2p: bool) -> None:
         super().__init__()
-        self._work: dist.Work | None = work
-        self._done: Callable[[], None] | None = done
-        self._lock = threading.Lock()
+        self._work: Any = work
+        self._p2p = p2p
+        self._waited = False
+        self._ok = True
+        self._error: BaseException | None = None
+        self._future: Any = None
+        self._result: Any = None
+        self._lock = threading.Lock() if p2p else None
 
-    def _finish(self) -> None:
-        with self._lock:
-            done, self._done = self._done, None
-            self._work = None  # the work pins the gloo context (and its sockets)
-        if done is not None:
-            done()
+    # ---- the barrier's side (Pending) --------------------------------------------------------
+
+    def done(self) -> bool:
+        work = self._work
+        if work is None or self._waited:
+            return True
+        return False if self._p2p else bool(work.is_completed())
+
+    def settle(self) -> None:
+        if self._p2p:
+            with contextlib.suppress(Exception):  # the caller's wait raises it again
+                self.wait()
+        else:
+            time.sleep(0.001)
+
+    def release(self) -> None:
+        work = self._work
+        if work is None:
+            return
+        if not self._p2p:
+            with contextlib.suppress(RuntimeError):
+                self._future = work.get_future()
+            with contextlib.suppress(RuntimeError):
+                self._result = work.result()
+            self._ok = bool(work.is_success())
+        self._work = None
+
+    # ---- dist.Work ---------------------------------------------------------------------------
 
     def wait(self, timeout: timedelta | None = None) -> bool:
-        work = self._work
-        if work is None:
-            return True
-        ok = work.wait() if timeout is None else work.wait(timeout)
-        self._finish()
-        return bool(ok)
+        lock = self._lock
+        if lock is None:
+            work = self._work
+            if work is None:
+                return self._ok
+            return bool(work.wait() if timeout is None else work.wait(timeout))
+        with lock:
+            if not self._waited:
+                try:
+                    work = self._work
+                    if work is not None:
+                        self._ok = bool(work.wait() if timeout is None else work.wait(timeout))
+                except BaseException as e:
+                    self._ok, self._error = False, e
+                self._waited = True
+            if self._error is not None:
+                raise self._error
+            return self._ok
 
     def is_completed(self) -> bool:
+        if self._p2p:
+            return self._waited or self._work is None
         work = self._work
-        if work is None:
-            return True
-        if work.is_completed():
-            self._finish()
-            return True
-        return False
+        return True if work is None else bool(work.is_completed())
 
     def is_success(self) -> bool:
         work = self._work
-        return True if work is None else bool(work.is_success())
+        if work is None or self._waited:
+            return self._ok
+        return bool(work.is_success())
 
     def exception(self) -> Any:
         work = self._work
-        return None if work is None else work.exception()
+        if work is None or self._waited:
+            return self._error
+        return work.exception()
+
+    def get_future(self) -> Any:
+        work = self._work
+        if work is None:
+            if self._future is None:
+                raise RuntimeError("snapshotter: this work has no future")
+            return self._future
+        return work.get_future()
+
+    def result(self) -> Any:
+        work = self._work
+        return self._result if work is None else work.result()
+
+    def synchronize(self) -> None:
+        work = self._work
+        if work is not None:
+            work.synchronize()
 
     def source_rank(self) -> int:
         work = self._work
         if work is None:
-            raise RuntimeError("snapshotter: source_rank() read after wait()")
+            raise RuntimeError("snapshotter: source_rank() read after the communicator was rebuilt")
         return int(work._source_rank())
 
 
@@ -341,6 +422,8 @@ class GroupRegistry:
         self.owned = owned
         self._lock = threading.Lock()
         self._groups: list[ResumableProcessGroup] = []
+        # Every work handed out and still referenced; released at teardown (see _Handle).
+        self.handles: weakref.WeakSet[_Handle] = weakref.WeakSet()
 
     def groups(self) -> list[ResumableProcessGroup]:
         with self._lock:
@@ -376,6 +459,8 @@ class GroupRegistry:
         self.barrier.remove_group(pg.key)
 
     def teardown_all(self) -> None:
+        for handle in list(self.handles):
+            handle.release()
         for pg in reversed(self.groups()):
             pg._teardown()
 

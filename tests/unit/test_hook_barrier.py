@@ -6,7 +6,7 @@ import threading
 
 import pytest
 
-from snapshotter.hook.barrier import BarrierError, ParkPoint, QuiesceBarrier, State
+from snapshotter.hook.barrier import BarrierError, ParkPoint, QuiesceBarrier, State, channel
 
 pytestmark = pytest.mark.timeout(10)
 
@@ -29,10 +29,34 @@ def make(*groups: str) -> tuple[QuiesceBarrier, Recorder]:
     return b, rec
 
 
+class Op:
+    """A stand-in for an issued op: done once `finish` is called. Like a gloo send, a
+    `wait_only` op reports done only to whoever waited for it (`settle`)."""
+
+    def __init__(self, wait_only: bool = False) -> None:
+        self.finished = threading.Event()
+        self.wait_only = wait_only
+        self.settled = False
+        self.settles = 0
+
+    def finish(self) -> None:
+        self.finished.set()
+
+    def done(self) -> bool:
+        return self.settled if self.wait_only else self.finished.is_set()
+
+    def settle(self) -> None:
+        self.settles += 1
+        if self.wait_only:
+            self.finished.wait()
+            self.settled = True
+        else:
+            self.finished.wait(0.001)
+
+
 def issue(b: QuiesceBarrier, key: str, n: int) -> None:
     for _ in range(n):
         b.enter(key)
-        b.complete(key)
 
 
 def test_counts_every_issued_collective_per_group() -> None:
@@ -67,17 +91,63 @@ def test_parks_before_target_and_resumes_after_release() -> None:
 
 def test_not_quiesced_while_a_collective_is_in_flight() -> None:
     b, rec = make("0")
-    b.enter("0")  # in flight
+    b.enter("0")
+    op = Op()
+    b.track(op)  # in flight
     b.arm("f", {"0": 2})
     t = threading.Thread(target=b.enter, args=("0",))
     t.start()
     assert not rec.event.wait(0.2)
-    assert b.state is State.ARMED
-    b.complete("0")  # the last one finishes: now quiesced, reported by this thread
+    assert b.state is State.ARMED and op.settles > 0  # the parker polls it
+    op.finish()  # the last one finishes: the parker sees it and reports quiesced
+    assert rec.event.wait(5)
     assert rec.parked == [("f", ParkPoint("0", 2))]
     b.abort("f")
     t.join(5)
     assert b.counts() == {"0": 2}
+
+
+def test_the_parker_waits_out_a_send_only_a_waiter_sees_complete() -> None:
+    b, rec = make("0")
+    send = channel("0", 0, 1)
+    b.enter(send)
+    op = Op(wait_only=True)
+    b.track(op)  # an isend its peer has not received yet
+    b.arm("f", {"0": 1, send: 2})
+    t = threading.Thread(target=b.enter, args=("0",))
+    t.start()
+    assert not rec.event.wait(0.2)
+    op.finish()  # the peer's irecv matched it
+    assert rec.event.wait(5) and op.settled
+    assert rec.parked == [("f", ParkPoint("0", 1))]
+    b.abort("f")
+    t.join(5)
+
+
+def test_point_to_point_counts_per_channel_apart_from_collectives() -> None:
+    b, _ = make("0")
+    issue(b, channel("0", 0, 1), 3)
+    issue(b, channel("0", 1, 0), 2)
+    issue(b, "0", 1)
+    assert b.counts() == {"0": 1, "0|p2p:0>1": 3, "0|p2p:1>0": 2}
+    with pytest.raises(BarrierError, match="unknown or destroyed"):
+        b.enter(channel("9", 0, 1))  # a channel of a group that does not exist
+    b.remove_group("0")
+    assert b.counts() == {}
+
+
+def test_a_channel_not_used_yet_still_binds_at_its_target() -> None:
+    b, rec = make("0")
+    recv = channel("0", 1, 0)
+    b.arm("f", {"0": 4, recv: 1})  # its peer sent nothing: not even one receive may start
+    seqs: list[int] = []
+    t = threading.Thread(target=lambda: seqs.append(b.enter(recv)))
+    t.start()
+    assert rec.event.wait(5) and rec.parked == [("f", ParkPoint(recv, 1))]
+    assert seqs == []
+    b.abort("f")
+    t.join(5)
+    assert seqs == [1]
 
 
 def test_prepare_holds_new_collectives_until_arm() -> None:
@@ -132,7 +202,6 @@ def test_other_groups_may_run_below_target_while_armed() -> None:
     b, rec = make("0", "1")
     b.arm("f", {"0": 1, "1": 5})
     assert b.enter("1") == 1
-    b.complete("1")
     assert rec.parked == []
 
 

@@ -1,0 +1,69 @@
+"""Jobs on the trainers people use, frozen and thawed: a Hugging Face Transformers `Trainer`
+(DDP with find_unused_parameters, as the Trainer sets it, a DataLoader worker) and a plain
+Accelerate loop. Each is frozen-and-continued, loses a rank, is thawed from that snapshot,
+frozen again with --stop, thawed again, and finishes bit-identical to an uninterrupted run of
+the same script under plain torchrun."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.support.cli import ROOT, SnapCli
+from tests.support.soak import rank_process
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+JOBS = ROOT / "tests" / "support" / "jobs"
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+def _torchrun(script: Path, out: Path, steps: str, cwd: Path) -> str:
+    """The uninterrupted reference: the same script under plain torchrun, no snapshotter."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SNAPSHOTTER")}
+    subprocess.run(
+        [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", str(script),
+         "--out", str(out), "--steps", steps],  # fmt: skip
+        cwd=cwd, env=env, check=True, timeout=600, capture_output=True,
+    )  # fmt: skip
+    digest: str = json.loads(out.read_text())["digest"]
+    return digest
+
+
+@pytest.mark.parametrize(
+    ("script", "steps"),
+    [("hf_trainer.py", "160"), ("accelerate_loop.py", "200")],
+    ids=["transformers-trainer", "accelerate"],
+)
+def test_trainer_frozen_twice_and_thawed_finishes_like_torchrun(
+    snap: SnapCli, tmp_path: Path, script: str, steps: str
+) -> None:
+    pytest.importorskip("transformers" if script == "hf_trainer.py" else "accelerate")
+    reference = _torchrun(JOBS / script, tmp_path / "ref.json", steps, tmp_path)
+
+    out = tmp_path / "live.json"
+    p = snap.run("run", "--detach", "--nproc-per-node", "2", str(JOBS / script),
+                 "--out", str(out), "--steps", steps)  # fmt: skip
+    job = p.stdout.strip().splitlines()[-1]
+    snap.wait_step(job, 30, timeout=300)
+    kept = snap.run("freeze", job).stdout.strip().splitlines()[-1]  # freeze-and-continue
+    snap.wait_step(job, snap.last_step(job) + 10)
+    init = next(r["pid"] for r in snap.json("status", job)["ranks"] if r["rank"] == 1)
+    rank = rank_process(init)
+    assert rank is not None
+    os.kill(rank, signal.SIGKILL)
+    assert snap.wait(job)["state"] == "FAILED"
+
+    assert snap.json("thaw", kept)["job_id"] == job
+    snap.wait_step(job, snap.last_step(job) + 10)
+    stopped = snap.run("freeze", job, "--stop").stdout.strip().splitlines()[-1]
+    assert snap.json("status", job)["state"] == "FROZEN"
+    assert snap.json("thaw", stopped)["job_id"] == job
+    st = snap.wait(job)
+    assert st["state"] == "SUCCEEDED", st
+    assert json.loads(out.read_text())["digest"] == reference
