@@ -6,6 +6,9 @@ Three cases, each against an uninterrupted reference run of the same job:
           detected", so with one GPU the NCCL communicator's suspend/rebuild is checked alone)
   gloo2   two DDP ranks over gloo with CUDA tensors, sharing GPU 0 (two processes' GPU
           state checkpointed in parallel)
+  steptime  what the hook costs between freezes: bench/hook_job.py (DDP over NCCL with small
+          gradient buckets, one rank) under the hook vs plain, paired runs alternating which
+          goes first; reports the median step times and the median per-pair ratio (no freeze)
 
 For each: (a) freeze-and-continue (park, suspend, GPU lock+checkpoint, CRIU dump, GPU
 restore+unlock, resume) and the job must finish bit-identical to the reference; (b) thaw the
@@ -48,6 +51,7 @@ from snapshotter.sandbox import criu  # noqa: E402
 from snapshotter.sandbox.spawn import PRIVATE_TMP, Sandbox, become_subreaper, spawn  # noqa: E402
 
 JOB = ROOT / "bench" / "gpu_job.py"
+HOOK_JOB = ROOT / "bench" / "hook_job.py"
 T = 120.0  # every control request's timeout
 
 
@@ -58,8 +62,11 @@ def out(**kw: Any) -> None:
 class Job:
     """A node's ranks, as the agent holds them: sandbox, control channel, log file."""
 
-    def __init__(self, work: Path, name: str, nproc: int, args: list[str]) -> None:
+    def __init__(
+        self, work: Path, name: str, nproc: int, args: list[str], script: Path = JOB
+    ) -> None:
         self.work, self.name, self.nproc, self.args = work, name, nproc, args
+        self.script = script
         self.store = RdzvServer(sys.executable, "127.0.0.1", {"PATH": "/usr/bin:/bin"})
         self.sandboxes: list[Sandbox] = []
         self.channels: list[RankChannel] = []
@@ -76,7 +83,7 @@ class Job:
         self.pumps.append(LogPump(self.log(rank), [stdout, stderr]))
 
     def start(self, env: dict[str, str]) -> None:
-        argv = rank_argv(sys.executable, str(JOB), self.args, False)
+        argv = rank_argv(sys.executable, str(self.script), self.args, False)
         for p in placements(1, self.nproc, 0):
             cwd = self.work / f"init-{self.name}-{p.rank}-{uuid.uuid4().hex[:6]}"
             cwd.mkdir(parents=True)
@@ -122,7 +129,8 @@ class Job:
         res = []
         for r in range(self.nproc):
             m = re.findall(r"^RESULT (.*)$", self.log(r).read_text(errors="replace"), re.M)
-            res.append(json.loads(m[-1]))
+            # stdout and stderr share the log: a warning may follow the JSON on its line
+            res.append(json.JSONDecoder().raw_decode(m[-1])[0])
         return res
 
     def each(self, fn: Callable[[int], Any]) -> list[Any]:
@@ -261,11 +269,62 @@ def case(name: str, nproc: int, extra: list[str], a: argparse.Namespace, stage: 
     return res
 
 
+def steptime_case(a: argparse.Namespace, work: Path, pairs: int) -> dict[str, Any]:
+    """Median step time of one DDP rank with small buckets, plain vs under the hook."""
+    import socket
+    import statistics
+    import subprocess
+
+    work.mkdir(parents=True, exist_ok=True)
+    args = ["--mode", "ddp", "--bucket-mb", "0.05", "--device", a.device, "--steps", "200",
+            "--width", str(min(a.width, 1024)), "--layers", "12"]  # fmt: skip
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1"}
+
+    def plain() -> float:
+        with socket.socket() as s:
+            s.bind(("127.0.0.1", 0))
+            port = s.getsockname()[1]
+        e = {**env, "RANK": "0", "LOCAL_RANK": "0", "WORLD_SIZE": "1", "LOCAL_WORLD_SIZE": "1",
+             "MASTER_ADDR": "127.0.0.1", "MASTER_PORT": str(port)}  # fmt: skip
+        p = subprocess.run([sys.executable, str(HOOK_JOB), *args], env=e, capture_output=True,
+                           text=True, timeout=300, check=True)  # fmt: skip
+        found = re.findall(r"^RESULT (.*)$", p.stdout, re.M)
+        return float(json.JSONDecoder().raw_decode(found[-1])[0]["median_step_ms"])
+
+    def hooked(i: int) -> tuple[float, Any]:
+        job = Job(work, f"steptime-{i}", 1, args, script=HOOK_JOB)
+        try:
+            job.start(env)
+            r = job.results()[0]
+            return float(r["median_step_ms"]), r.get("collectives_per_step")
+        finally:
+            job.close()
+
+    runs: list[tuple[float, float]] = []
+    per_step = None
+    for i in range(pairs):
+        if i % 2 == 0:
+            p = plain()
+            h, per_step = hooked(i)
+        else:
+            h, per_step = hooked(i)
+            p = plain()
+        runs.append((p, h))
+    ratios = [h / p for p, h in runs]
+    return {"case": "steptime", "collectives_per_step": per_step,
+            "plain_ms": round(statistics.median(p for p, _ in runs), 3),
+            "hooked_ms": round(statistics.median(h for _, h in runs), 3),
+            "ratio_median": round(statistics.median(ratios), 3),
+            "ratios": [round(r, 3) for r in ratios]}  # fmt: skip
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--driver", choices=["cuda", "fake"], default="cuda")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--case", choices=["single", "nccl", "gloo2", "all"], default="all")
+    ap.add_argument("--case", choices=["single", "nccl", "gloo2", "steptime", "all"],
+                    default="all")  # fmt: skip
+    ap.add_argument("--steptime-pairs", type=int, default=3)
     ap.add_argument("--steps", type=int, default=60)
     ap.add_argument("--freeze-at", type=int, default=20)
     ap.add_argument("--width", type=int, default=4096)
@@ -308,6 +367,14 @@ def main() -> int:
         r["wall_s"] = round(time.monotonic() - t0, 1)
         out(**r)
         ok = ok and r["freeze_continue_identical"] and r["thaw_identical"]
+    if a.case in ("steptime", "all"):
+        t0 = time.monotonic()
+        try:  # a measurement, not a pass/fail check
+            r = steptime_case(a, a.work / "steptime", a.steptime_pairs)
+            r["wall_s"] = round(time.monotonic() - t0, 1)
+            out(**r)
+        except Exception as e:  # noqa: BLE001 - reported, the other cases still count
+            out(case="steptime", error=f"{type(e).__name__}: {e}"[-4000:])
     out(summary="PASS" if ok else "FAIL")
     return 0 if ok else 1
 

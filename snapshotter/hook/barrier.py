@@ -39,6 +39,7 @@ from dataclasses import dataclass
 from typing import Protocol
 
 CHANNEL_MARK = "|p2p:"
+_SWEEP_AT = 64  # in-flight entries beyond which `track` sweeps out every finished one
 
 
 def channel(group: str, src: int, dst: int) -> str:
@@ -106,7 +107,7 @@ class QuiesceBarrier:
 
     def __init__(self, on_parked: ParkedCallback) -> None:
         self._on_parked = on_parked
-        self._cond = threading.Condition()
+        self._cond = threading.Condition(threading.Lock())  # never re-entered
         self._state = State.IDLE
         self._issued: dict[str, int] = {}
         self._pending: deque[Pending] = deque()
@@ -188,7 +189,16 @@ class QuiesceBarrier:
             pending = self._pending
             while pending and pending[0].done():
                 pending.popleft()
+            if len(pending) >= _SWEEP_AT:
+                # Callers finish ops in any order: one left undone at the front must not
+                # keep every later one (and its tensors) alive.
+                self._pending = pending = deque(p for p in pending if not p.done())
             pending.append(op)
+
+    def in_flight(self) -> int:
+        """How many issued ops are not known to be done."""
+        with self._cond:
+            return sum(1 for p in self._pending if not p.done())
 
     def _park_locked(self) -> None:
         """The parker's turn: report quiesced, or settle one op still in flight."""

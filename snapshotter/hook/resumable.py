@@ -217,17 +217,15 @@ class ResumableProcessGroup(dist.ProcessGroup):
     # ---- forwarding ----------------------------------------------------------------------
 
     def _issue(self, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
-        return self._issue_on(self._key, False, name, args, kwargs)
+        return self._issue_on(self._key, name, args, kwargs)
 
-    def _issue_on(
-        self, key: str, p2p: bool, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]
-    ) -> Any:
+    def _issue_on(self, key: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         registry = self._registry
         registry.barrier.enter(key)
         work = getattr(self._current(), name)(*args, **kwargs)
         if work is None:  # synchronous (monitored_barrier)
             return work
-        handle = _Handle(work, p2p)
+        handle = _Handle(work)
         registry.handles.add(handle)
         registry.barrier.track(handle)
         return handle
@@ -236,11 +234,11 @@ class ResumableProcessGroup(dist.ProcessGroup):
     # how many a rank issues on a group differs from its peers'.
     def send(self, tensors: list[torch.Tensor], dst: int, tag: int = 0) -> Any:
         key = channel(self._key, self.rank(), dst)
-        return self._issue_on(key, True, "send", (tensors, dst, tag), {})
+        return self._issue_on(key, "send", (tensors, dst, tag), {})
 
     def recv(self, tensors: list[torch.Tensor], src: int, tag: int = 0) -> Any:
         key = channel(self._key, src, self.rank())
-        return self._issue_on(key, True, "recv", (tensors, src, tag), {})
+        return self._issue_on(key, "recv", (tensors, src, tag), {})
 
     def recv_anysource(self, tensors: list[torch.Tensor], tag: int = 0) -> Any:
         raise NotResumable(
@@ -307,32 +305,38 @@ class _Handle(dist.Work):
     with it every socket of the communicator. `release` (at teardown, once nothing is in
     flight) drops the real work and keeps its outcome, so the sockets close under any handle.
 
-    A gloo send or receive reports completion only to a waiter, and its second wait would
-    block for a message that never comes: `settle` (the barrier's parker) and `wait` (the
-    caller) share one wait under a lock.
+    Some works report completion only to a waiter: they have no future and `is_completed`
+    stays false (gloo's send, recv and reduce_scatter). For those, `settle` (the barrier's
+    parker) and `wait` (the caller) share one wait under a lock: a second wait could block
+    for a message that never comes.
     """
 
-    def __init__(self, work: Any, p2p: bool) -> None:
+    def __init__(self, work: Any) -> None:
         super().__init__()
         self._work: Any = work
-        self._p2p = p2p
+        try:
+            self._future: Any = work.get_future()
+            self._lock: threading.Lock | None = None
+        except RuntimeError:
+            self._future = None
+            self._lock = threading.Lock()
         self._waited = False
         self._ok = True
         self._error: BaseException | None = None
-        self._future: Any = None
         self._result: Any = None
-        self._lock = threading.Lock() if p2p else None
 
     # ---- the barrier's side (Pending) --------------------------------------------------------
 
     def done(self) -> bool:
-        work = self._work
-        if work is None or self._waited:
+        if self._waited:
             return True
-        return False if self._p2p else bool(work.is_completed())
+        work = self._work
+        if work is None:
+            return True
+        return self._lock is None and bool(work.is_completed())
 
     def settle(self) -> None:
-        if self._p2p:
+        if self._lock is not None:
             with contextlib.suppress(Exception):  # the caller's wait raises it again
                 self.wait()
         else:
@@ -342,9 +346,7 @@ class _Handle(dist.Work):
         work = self._work
         if work is None:
             return
-        if not self._p2p:
-            with contextlib.suppress(RuntimeError):
-                self._future = work.get_future()
+        if self._lock is None:
             with contextlib.suppress(RuntimeError):
                 self._result = work.result()
             self._ok = bool(work.is_success())
@@ -358,7 +360,9 @@ class _Handle(dist.Work):
             work = self._work
             if work is None:
                 return self._ok
-            return bool(work.wait() if timeout is None else work.wait(timeout))
+            ok = bool(work.wait() if timeout is None else work.wait(timeout))
+            self._waited = True
+            return ok
         with lock:
             if not self._waited:
                 try:
@@ -373,30 +377,26 @@ class _Handle(dist.Work):
             return self._ok
 
     def is_completed(self) -> bool:
-        if self._p2p:
-            return self._waited or self._work is None
-        work = self._work
-        return True if work is None else bool(work.is_completed())
+        if self._waited or self._work is None:
+            return True
+        return self._lock is None and bool(self._work.is_completed())
 
     def is_success(self) -> bool:
         work = self._work
-        if work is None or self._waited:
+        if work is None or self._lock is not None:
             return self._ok
         return bool(work.is_success())
 
     def exception(self) -> Any:
         work = self._work
-        if work is None or self._waited:
+        if work is None or self._lock is not None:
             return self._error
         return work.exception()
 
     def get_future(self) -> Any:
-        work = self._work
-        if work is None:
-            if self._future is None:
-                raise RuntimeError("snapshotter: this work has no future")
-            return self._future
-        return work.get_future()
+        if self._future is None:
+            raise RuntimeError("Work::getFuture not implemented for this work")
+        return self._future
 
     def result(self) -> Any:
         work = self._work
