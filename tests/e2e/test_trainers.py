@@ -37,7 +37,7 @@ def _torchrun(script: Path, out: Path, steps: str, cwd: Path) -> str:
 
 @pytest.mark.parametrize(
     ("script", "steps"),
-    [("hf_trainer.py", "160"), ("accelerate_loop.py", "200")],
+    [("hf_trainer.py", "200"), ("accelerate_loop.py", "240")],
     ids=["transformers-trainer", "accelerate"],
 )
 def test_trainer_frozen_twice_and_thawed_finishes_like_torchrun(
@@ -47,8 +47,10 @@ def test_trainer_frozen_twice_and_thawed_finishes_like_torchrun(
     reference = _torchrun(JOBS / script, tmp_path / "ref.json", steps, tmp_path)
 
     out = tmp_path / "live.json"
+    # Paced so that it is still running after two freezes, a kill and a thaw on a slow
+    # machine (the pause between steps changes nothing it computes).
     p = snap.run("run", "--detach", "--nproc-per-node", "2", str(JOBS / script),
-                 "--out", str(out), "--steps", steps)  # fmt: skip
+                 "--out", str(out), "--steps", steps, "--step-sleep", "0.1")  # fmt: skip
     job = p.stdout.strip().splitlines()[-1]
     snap.wait_step(job, 30, timeout=300)
     kept = snap.run("freeze", job).stdout.strip().splitlines()[-1]  # freeze-and-continue
