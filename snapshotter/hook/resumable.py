@@ -323,7 +323,6 @@ class _Handle(dist.Work):
         self._waited = False
         self._ok = True
         self._error: BaseException | None = None
-        self._result: Any = None
 
     # ---- the barrier's side (Pending) --------------------------------------------------------
 
@@ -346,10 +345,14 @@ class _Handle(dist.Work):
         work = self._work
         if work is None:
             return
-        if self._lock is None:
-            with contextlib.suppress(RuntimeError):
-                self._result = work.result()
-            self._ok = bool(work.is_success())
+        future = self._future
+        if future is not None and future.done():
+            # Work.result(), is_success() and exception() are deprecated (and say so in the
+            # job's log): the outcome is the future's.
+            try:
+                future.value()
+            except Exception:  # noqa: BLE001 - the op failed; the caller sees it on wait
+                self._ok = False
         self._work = None
 
     # ---- dist.Work ---------------------------------------------------------------------------
@@ -400,7 +403,10 @@ class _Handle(dist.Work):
 
     def result(self) -> Any:
         work = self._work
-        return self._result if work is None else work.result()
+        if work is not None:
+            return work.result()
+        future = self._future
+        return future.value() if future is not None and future.done() else None
 
     def synchronize(self) -> None:
         work = self._work
