@@ -81,3 +81,28 @@ def _children_of(pid: int) -> tuple[int, int]:
     kids = child_processes(pid)
     zombies = sum(1 for _, state, _ in kids if state == "Z")
     return len(kids) - zombies, zombies
+
+
+def sandbox_pids(init_pid: int, proc: Path = Path("/proc")) -> list[int]:
+    """Host pids of every descendant of a sandbox init, parents first (the init excluded)."""
+    out: list[int] = []
+    todo = [init_pid]
+    seen = {init_pid}
+    while todo:
+        pid = todo.pop(0)
+        try:
+            tasks = list((proc / str(pid) / "task").iterdir())
+        except OSError:
+            continue
+        for t in tasks:
+            try:
+                kids = (t / "children").read_text().split()
+            except OSError:
+                continue
+            for k in kids:
+                c = int(k)
+                if c not in seen:
+                    seen.add(c)
+                    out.append(c)
+                    todo.append(c)
+    return out

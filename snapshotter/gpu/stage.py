@@ -34,6 +34,7 @@ from typing import Any
 from snapshotter import parallel
 from snapshotter.errors import GpuCheckpointError, GpuDriverError, GpuRemapRefused
 from snapshotter.gpu.api import NO_CUDA_RESULTS, CheckpointDriver, GpuInfo, ProcessState
+from snapshotter.procutil import sandbox_pids
 
 log = logging.getLogger(__name__)
 
@@ -144,31 +145,6 @@ def _count(gpus: Any) -> dict[str, int]:
     out: dict[str, int] = {}
     for g in gpus:
         out[g.name] = out.get(g.name, 0) + 1
-    return out
-
-
-def sandbox_pids(init_pid: int, proc: Path = Path("/proc")) -> list[int]:
-    """Host pids of every descendant of a sandbox init, parents first (the init excluded)."""
-    out: list[int] = []
-    todo = [init_pid]
-    seen = {init_pid}
-    while todo:
-        pid = todo.pop(0)
-        try:
-            tasks = list((proc / str(pid) / "task").iterdir())
-        except OSError:
-            continue
-        for t in tasks:
-            try:
-                kids = (t / "children").read_text().split()
-            except OSError:
-                continue
-            for k in kids:
-                c = int(k)
-                if c not in seen:
-                    seen.add(c)
-                    out.append(c)
-                    todo.append(c)
     return out
 
 

@@ -327,12 +327,7 @@ class _Handle(dist.Work):
     # ---- the barrier's side (Pending) --------------------------------------------------------
 
     def done(self) -> bool:
-        if self._waited:
-            return True
-        work = self._work
-        if work is None:
-            return True
-        return self._lock is None and bool(work.is_completed())
+        return self.is_completed()
 
     def settle(self) -> None:
         if self._lock is not None:

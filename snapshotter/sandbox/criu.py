@@ -45,6 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from snapshotter.errors import CriuFailed, CriuUnavailable, SandboxError
+from snapshotter.procutil import sandbox_pids
 from snapshotter.sandbox import children
 from snapshotter.sandbox.images import ensure_mountpoints, ensure_socket_dirs, has_mount_ns
 from snapshotter.sandbox.spawn import PIPE_NAMES, Sandbox, is_subreaper, netns_path, new_pipes
@@ -339,17 +340,7 @@ def _call(
 def continue_tree(pid: int) -> None:
     """SIGCONT every process of the tree rooted at `pid` (CRIU's leave_stopped stops them
     all; continuing only the root would leave its children stopped)."""
-    todo, seen = [pid], set()
-    while todo:
-        p = todo.pop()
-        if p in seen:
-            continue
-        seen.add(p)
-        try:
-            for task in Path(f"/proc/{p}/task").iterdir():
-                todo += [int(c) for c in (task / "children").read_text().split()]
-        except OSError:
-            pass  # gone meanwhile
+    for p in [pid, *sandbox_pids(pid)]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGCONT)
 

@@ -77,14 +77,19 @@ def _fd_file_ids(images_dir: Path) -> set[int]:
     return ids
 
 
-def _candidates(images_dir: Path, private: Iterable[str]) -> list[dict[str, Any]]:
-    """files.img entries of regular files held by a descriptor, outside the sandbox's tmpfs."""
+def _files_img(images_dir: Path) -> dict[str, Any] | None:
     files = images_dir / "files.img"
-    if not files.exists():
-        return []
+    return _load(files) if files.exists() else None
+
+
+def _candidates(
+    images_dir: Path, files: dict[str, Any], private: Iterable[str]
+) -> list[dict[str, Any]]:
+    """The entries of `files` (files.img, loaded) that are regular files held by a descriptor,
+    outside the sandbox's tmpfs; the same dicts, so editing one edits `files`."""
     held = _fd_file_ids(images_dir)
     out = []
-    for e in _load(files).get("entries", []):
+    for e in files.get("entries", []):
         reg = e.get("reg")
         if e.get("type") != "REG" or reg is None or int(e["id"]) not in held:
             continue
@@ -107,7 +112,8 @@ def keep_written_files(
     writing into the images, as long as CRIU recorded them. Returns what was kept."""
     kept: list[KeptFile] = []
     used = 0
-    for e in _candidates(images_dir, private):
+    files = _files_img(images_dir)
+    for e in _candidates(images_dir, files, private) if files is not None else []:
         reg = e["reg"]
         if not int(reg.get("flags", 0)) & _WRITE:
             continue
@@ -163,17 +169,13 @@ def prepare_restore(
             _put_back(images_dir / k.copy, Path(k.path), k.mode)
             restored.add(k.path)
             done["put_back"].append(k.path)
-    files = images_dir / "files.img"
-    if not files.exists():
+    data = _files_img(images_dir)
+    if data is None:
         return done
-    data = _load(files)
     changed = False
-    by_id = {int(e["id"]): e for e in _candidates(images_dir, private)}
-    for e in data.get("entries", []):
-        if int(e.get("id", -1)) not in by_id or e["reg"].get("size") is None:
-            continue
+    for e in _candidates(images_dir, data, private):
         reg = e["reg"]
-        if reg["name"] in restored:
+        if reg.get("size") is None or reg["name"] in restored:
             continue
         try:
             now = os.stat(reg["name"]).st_size
@@ -185,7 +187,7 @@ def prepare_restore(
             changed = True
             done["as_is"].append(reg["name"])
     if changed:
-        _dump(data, files)
+        _dump(data, images_dir / "files.img")
     return done
 
 
