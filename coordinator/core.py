@@ -14,16 +14,20 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import asdict, dataclass, field
 
-from snapshotter import __version__, errors
+from snapshotter import __version__, errors, parallel
 from snapshotter.agent.retention import jobs_to_forget
+from snapshotter.coordinator import detect
+from snapshotter.coordinator import policy as policies
 from snapshotter.coordinator.agents import AgentHandle, on_all, open_rdzv_req
 from snapshotter.coordinator.decisions import JobPhase, exit_code, job_phase, place, thaw_job_id
 from snapshotter.coordinator.freeze import FreezeOperation, FreezeSettings
+from snapshotter.coordinator.life import JobLife
 from snapshotter.coordinator.thaw import ThawOperation
 from snapshotter.launch.spec import JobSpec, new_job_id, validate_job_id
 from snapshotter.procutil import resources
+from snapshotter.rpc import convert
 from snapshotter.rpc.auth import Role
 from snapshotter.rpc.client import Target
 from snapshotter.rpc.server import caller, caller_active
@@ -46,6 +50,11 @@ class JobRecord:
     lock: threading.Lock = field(default_factory=threading.Lock)
     # Wall time the job was first seen finished (None while it is not).
     ended: float | None = None
+    life: JobLife = field(default_factory=JobLife)
+
+    @property
+    def recovers(self) -> bool:
+        return self.spec.recovery.mode == "auto"
 
 
 # How the coordinator reaches an agent that registered with this address and name.
@@ -72,6 +81,16 @@ class Coordinator:
         self._jobs: dict[str, JobRecord] = {}
         # Snapshots this coordinator's freezes are writing now: never garbage to gc.
         self.writing: set[str] = set()
+        # Snapshots a thaw reads now: never expired by a retention policy meanwhile.
+        self.reading: set[str] = set()
+        # Nodes being drained: nothing new is placed there.
+        self.draining: set[str] = set()
+        # What the cluster's failure rate is estimated from (`--snapshot-every auto`).
+        self.first_seen: dict[str, float] = {}
+        self.failures_seen = 0
+        self.prior_node_mtbf_s = float(
+            os.environ.get("SNAPSHOTTER_PRIOR_NODE_MTBF_S", policies.DEFAULT_PRIOR_NODE_MTBF_S)
+        )
         self._lock = threading.Lock()
 
     # ---- agents ------------------------------------------------------------------------------
@@ -106,6 +125,7 @@ class Coordinator:
             assert old is not None
             handle = old
             handle.seen = seen
+            self.first_seen.setdefault(req.name, time.monotonic())
         if replaced is not None:
             replaced.close()  # one channel per agent: the old incarnation's is dead
         if fresh:
@@ -150,7 +170,14 @@ class Coordinator:
 
     def _place(self, nnodes: int, requested: list[str]) -> list[AgentHandle]:
         live = self.live_agents()
+        if not requested:
+            # A draining node takes nothing new unless named.
+            live = {n: a for n, a in live.items() if n not in self.draining} or live
         return [live[n] for n in place(nnodes, requested, live)]
+
+    def handles_by_name(self, names: list[str]) -> list[AgentHandle]:
+        live = self.live_agents()
+        return [live[n] for n in names]
 
     def nodes(self) -> pb.NodeList:
         """Every registered agent as it answers now."""
@@ -185,6 +212,9 @@ class Coordinator:
 
     # ---- jobs --------------------------------------------------------------------------------
 
+    def job(self, job_id: str) -> JobRecord:
+        return self._job(job_id)
+
     def _job(self, job_id: str) -> JobRecord:
         with self._lock:
             rec = self._jobs.get(job_id)
@@ -208,8 +238,12 @@ class Coordinator:
             env=dict(req.env),
             nnodes=req.nnodes or 1,
             nproc_per_node=req.nproc_per_node or 1,
+            policy=req.policy,
+            recovery=req.recovery,
         )
         spec.check()
+        policies.check(policies.Policy.from_dict(convert.plain(spec.policy)))
+        check_recovery(spec.recovery)
         job_id = spec.job_id
         agents = self._place(spec.nnodes, list(req.nodes))
         with self._lock:
@@ -266,9 +300,65 @@ class Coordinator:
         if views is None:
             views = self._node_views(rec)
         phase = job_phase(rec.busy, [v.state for v in views])
+        life = rec.life
+        if rec.busy is None and (life.recovering or (
+            phase is JobPhase.FAILED and rec.recovers and not life.gave_up and not life.cancelled
+        )):  # fmt: skip
+            phase = JobPhase.RECOVERING  # the supervisor will thaw it: not over yet
+        elif life.gave_up and phase is JobPhase.CANCELLED and not life.cancelled:
+            phase = JobPhase.FAILED  # we ended what was left of it: it failed
         # When it was first seen finished (a thaw under the same id makes it live again).
         rec.ended = (rec.ended or time.time()) if phase.terminal else None
         return phase
+
+    # ---- what the supervisor (supervisor.py, recover.py) uses ------------------------------
+
+    def supervised(self) -> list[JobRecord]:
+        """Jobs with a snapshot policy or automatic recovery, not finished for good."""
+        with self._lock:
+            recs = list(self._jobs.values())
+        return [r for r in recs if (r.recovers or _has_policy(r)) and r.ended is None]
+
+    def node_views(self, rec: JobRecord) -> list[agent_pb2.NodeJob]:
+        return self._node_views(rec)
+
+    def phase_of(self, rec: JobRecord, views: list[agent_pb2.NodeJob]) -> JobPhase:
+        return self._phase(rec, views)
+
+    def job_handles(self, rec: JobRecord) -> list[AgentHandle]:
+        """The job's agents that are live now."""
+        live = self.live_agents()
+        return [a for a in self._handles(rec) if a.name in live]
+
+    def unreachable(self, rec: JobRecord, timeout: float = 3.0) -> list[str]:
+        """The job's nodes that do not answer now (before their heartbeats run out: the
+        peers of a dead node fail at once, and must not be blamed for it)."""
+        with self._lock:
+            handles = [self._agents.get(n) for n in rec.nodes]
+        missing = [n for n, h in zip(rec.nodes, handles, strict=True) if n and h is None]
+        present = [h for h in handles if h is not None]
+        out = on_all(present, lambda a: a.stub.Ping(common_pb2.Empty(), timeout=timeout))
+        return missing + [a.name for a in present if a.name in out.failures]
+
+    def heartbeat_age(self, name: str) -> float | None:
+        with self._lock:
+            a = self._agents.get(name)
+        return None if a is None or a.seen is None else time.monotonic() - a.seen
+
+    def protected(self) -> set[str]:
+        """Snapshots no retention may delete now: read by a thaw or written by a freeze."""
+        with self._lock:
+            return set(self.reading) | set(self.writing)
+
+    def auto_inputs(self, rec: JobRecord) -> policies.AutoInputs:
+        now = time.monotonic()
+        live = self.live_agents()
+        with self._lock:
+            node_s = sum(now - t for n, t in self.first_seen.items() if n in live)
+        rate = policies.FailureRate(node_seconds=node_s, failures=self.failures_seen)
+        return policies.auto_interval(
+            list(rec.life.stalls), rate, rec.spec.nnodes, self.prior_node_mtbf_s
+        )
 
     def _node_views(self, rec: JobRecord) -> list[agent_pb2.NodeJob]:
         if rec.busy == "THAWING":
@@ -294,6 +384,11 @@ class Coordinator:
             ranks=ranks,
             snapshots=rec.snapshots,
             thawed_from=rec.thawed_from or "",
+            policy=rec.spec.policy,
+            recovery=rec.spec.recovery,
+            recoveries=len(rec.life.recoveries),
+            events=rec.life.newest(),
+            gave_up=rec.life.gave_up,
         )
         if phase.terminal:
             codes = [r.exit_code if r.HasField("exit_code") else None for r in ranks]
@@ -332,6 +427,7 @@ class Coordinator:
 
     def cancel(self, job_id: str) -> pb.JobStatus:
         rec = self._job(job_id)
+        rec.life.cancelled = True  # on purpose: never recovered
         ref = common_pb2.JobRef(job_id=job_id)
         on_all(self._handles(rec), lambda a: a.stub.Cancel(ref, timeout=60))
         return self.status(job_id)
@@ -361,9 +457,109 @@ class Coordinator:
         except errors.SnapshotterError:
             return False
 
+    # ---- policies, events, drain -------------------------------------------------------------
+
+    def events(self, job_id: str) -> pb.EventList:
+        rec = self._job(job_id)
+        return pb.EventList(job_id=job_id, events=rec.life.newest(len(rec.life.events)))
+
+    def set_policy(self, req: pb.SetPolicyRequest) -> pb.PolicyInfo:
+        rec = self._job(req.job_id)
+        if req.clear:
+            new = policies.Policy()
+        else:
+            old = policies.Policy.from_dict(convert.plain(rec.spec.policy))
+            given = req.policy
+            new = policies.merge(
+                old,
+                every_s=given.every_s if given.HasField("every_s") else None,
+                auto=given.auto if req.every_given else None,
+                every_steps=given.every_steps if given.HasField("every_steps") else None,
+                keep=given.keep if given.HasField("keep") else None,
+                keep_hourly_days=given.keep_hourly_days
+                if given.HasField("keep_hourly_days") else None,
+                keep_daily_days=given.keep_daily_days
+                if given.HasField("keep_daily_days") else None,
+            )  # fmt: skip
+        policies.check(new)
+        rec.spec = rec.spec.with_policy(convert.parse(new.to_dict(), common_pb2.Policy))
+        rec.life.policy_state = policies.reanchor(
+            rec.life.policy_state, time.monotonic(), rec.life.progress.steps
+        )
+        rec.life.add("policy", detail=new.describe())
+        return self.show_policy(req.job_id)
+
+    def show_policy(self, job_id: str) -> pb.PolicyInfo:
+        rec = self._job(job_id)
+        pol = policies.Policy.from_dict(convert.plain(rec.spec.policy))
+        life = rec.life
+        info = pb.PolicyInfo(job_id=job_id, policy=rec.spec.policy, describe=pol.describe(),
+                             failures=life.policy_state.failures,
+                             last_error=life.policy_state.last_error)  # fmt: skip
+        interval = pol.every_s
+        if pol.auto:
+            auto = self.auto_inputs(rec)
+            interval = auto.interval_s
+            info.auto.CopyFrom(convert.parse(asdict(auto), pb.AutoInterval))
+        if interval is not None:
+            info.interval_s = interval
+        steps = life.progress.steps
+        if steps is not None:
+            info.steps = steps
+        if life.policy_state.anchor_steps is not None:
+            info.anchor_steps = life.policy_state.anchor_steps
+        now = time.monotonic()
+        state = policies.normalize(life.policy_state, now, steps)
+        due = policies.decide(pol, state, now, steps, interval)
+        info.state = due.reason
+        if due.wait_s is not None:
+            info.next_in_s = due.wait_s
+        return info
+
+    def drain(self, req: pb.DrainRequest) -> pb.DrainReply:
+        """Every running job on `node` is frozen and stopped within the grace period, or
+        falls back to its newest committed snapshot; with --recover auto it is thawed on
+        other nodes. Nothing new is placed on the node from now on."""
+        from snapshotter.coordinator.drain import drain_job
+
+        node = req.node
+        with self._lock:
+            known = node in self._agents
+            recs = [r for r in self._jobs.values() if node in r.nodes]
+        if not known:
+            raise errors.InvalidArgument(f"no node {node!r} is registered",
+                                         "`snapshotter nodes` lists them")  # fmt: skip
+        if req.undo:
+            self.undrain(node)
+            return pb.DrainReply(node=node)
+        grace = req.grace_s if req.HasField("grace_s") else 30.0
+        if grace <= 0:
+            raise errors.InvalidArgument(f"--grace {grace} must be positive", "give seconds > 0")
+        with self._lock:
+            self.draining.add(node)
+        running = [r for r in recs if self._phase(r) is JobPhase.RUNNING]
+        out = parallel.each(running, lambda r: drain_job(self, r, node, grace),
+                            key=lambda r: r.spec.job_id, name="drain")  # fmt: skip
+        reply = pb.DrainReply(node=node)
+        for r in running:
+            j = r.spec.job_id
+            if j in out.results:
+                reply.jobs.append(out.results[j])
+            else:
+                reply.jobs.append(pb.DrainedJob(job_id=j, detail=str(out.failures[j])))
+        return reply
+
+    def undrain(self, node: str) -> None:
+        with self._lock:
+            self.draining.discard(node)
+
     # ---- freeze / thaw -----------------------------------------------------------------------
 
-    def freeze(self, req: pb.FreezeRequest) -> Iterator[pb.FreezeEvent]:
+    def freeze(
+        self, req: pb.FreezeRequest, prepare_timeout: float | None = None
+    ) -> Iterator[pb.FreezeEvent]:
+        """`prepare_timeout`: how long a rank may take to report its counts (the supervisor's
+        freezes give little: a rank that cannot answer at once is stopped or hung)."""
         rec = self._job(req.job_id)
         if not rec.lock.acquire(blocking=False):
             raise errors.FreezeRefused(
@@ -379,13 +575,29 @@ class Coordinator:
                 )
             rec.busy = JobPhase.FREEZING.value
             timeout = req.quiesce_timeout_s if req.HasField("quiesce_timeout_s") else None
-            settings = FreezeSettings(quiesce_timeout=timeout or FreezeSettings.quiesce_timeout)
+            settings = FreezeSettings(
+                quiesce_timeout=timeout or FreezeSettings.quiesce_timeout,
+                prepare_timeout=prepare_timeout or FreezeSettings.prepare_timeout,
+            )
+            steps = rec.life.progress.steps
+
+            def committed(sid: str) -> None:
+                rec.snapshots.append(sid)
+                if steps is not None:
+                    rec.life.snapshot_steps[sid] = steps
+
             op = FreezeOperation(rec.spec, self._handles(rec), self.store, req.stop, settings,
-                                 on_committed=rec.snapshots.append)  # fmt: skip
+                                 on_committed=committed)  # fmt: skip
             with self._lock:
                 self.writing.add(op.snapshot_id)
             try:
-                yield from op.run()
+                for ev in op.run():
+                    if ev.HasField("done"):
+                        if ev.done.stats.HasField("stall_s"):
+                            rec.life.stalls.append(ev.done.stats.stall_s)
+                        # It held collectives on purpose: no rank was hung meanwhile.
+                        rec.life.progress = detect.reset(rec.life.progress, time.monotonic())
+                    yield ev
             finally:
                 with self._lock:
                     self.writing.discard(op.snapshot_id)
@@ -393,7 +605,8 @@ class Coordinator:
             rec.busy = None
             rec.lock.release()
 
-    def thaw(self, req: pb.ThawRequest) -> Iterator[pb.ThawEvent]:
+    def thaw(self, req: pb.ThawRequest, recovering: bool = False) -> Iterator[pb.ThawEvent]:
+        """`recovering`: the supervisor thaws a job it stopped under the same id."""
         snap = req.snapshot_id
         meta = dict(SnapshotReader(self.store, snap).manifest().meta)
         spec0 = JobSpec.from_dict(meta["job"])
@@ -401,6 +614,8 @@ class Coordinator:
             known = list(self._jobs)
         # Only the source's id and the requested one can clash; ask the agents whether they run.
         candidates = {spec0.job_id, req.job_id or None}
+        if recovering:
+            candidates.discard(req.job_id)
         active = [j for j in candidates if j in known and self._is_active(j)]
         job_id = validate_job_id(thaw_job_id(spec0.job_id, req.job_id or None, active, known))
         spec = spec0.with_job_id(job_id)
@@ -414,11 +629,18 @@ class Coordinator:
             prev = self._jobs.get(job_id)
             if prev is not None:
                 rec.snapshots = list(prev.snapshots)
+                # The same job goes on: its events, policy state and recoveries with it.
+                rec.life = prev.life
             self._jobs[job_id] = rec
+            self.reading.add(snap)
+        if not recovering:
+            rec.life.gave_up = ""  # a person thawed it: supervised again
+            rec.life.cancelled = False
         # A fork of a job that still runs must leave its original's files alone.
         fork_of_live = spec0.job_id in active and job_id != spec0.job_id
         try:
             yield from ThawOperation(snap, meta, spec, agents, fork_of_live_job=fork_of_live).run()
+            rec.life.progress = detect.reset(rec.life.progress, time.monotonic())
         except BaseException:
             with self._lock:
                 if prev is not None:
@@ -428,3 +650,20 @@ class Coordinator:
             raise
         finally:
             rec.busy = None
+            with self._lock:
+                self.reading.discard(snap)
+
+
+def _has_policy(rec: JobRecord) -> bool:
+    p = rec.spec.policy
+    return p.HasField("every_s") or p.auto or p.HasField("every_steps") or p.HasField("keep")
+
+
+def check_recovery(r: common_pb2.Recovery) -> None:
+    """Raises: InvalidArgument naming the flag that is wrong."""
+    if r.mode not in ("", "off", "auto"):
+        raise errors.InvalidArgument(f"--recover {r.mode!r} is not known", "use auto or off")
+    for flag, v in (("--max-recoveries", r.max_tries), ("--recovery-window", r.window_s),
+                    ("--hang-deadline", r.hang_deadline_s)):  # fmt: skip
+        if v < 0:
+            raise errors.InvalidArgument(f"{flag} {v} is negative", "give a positive value")

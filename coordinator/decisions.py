@@ -98,8 +98,12 @@ class JobPhase(enum.Enum):
              RUNNING  -> FREEZING -> FROZEN  freeze --stop: ranks end after the commit
              RUNNING  -> SUCCEEDED | FAILED | CANCELLED
     (thaw) -> THAWING -> RUNNING | FAILED
+    --recover auto: RUNNING --a rank, node or the job's progress failed--> RECOVERING
+             RECOVERING -> THAWING -> RUNNING  (its newest snapshot, on healthy nodes)
+             RECOVERING -> FAILED              (gave up: no snapshot, or K tries in a window)
     """
 
+    RECOVERING = "RECOVERING"
     THAWING = "THAWING"
     RUNNING = "RUNNING"
     FREEZING = "FREEZING"
@@ -138,3 +142,49 @@ def exit_code(phase: JobPhase, rank_codes: Iterable[int | None]) -> int:
         if c not in (None, 0):
             return int(c)  # type: ignore[arg-type]
     return 1
+
+
+def recovery_nodes(
+    current: Sequence[str],
+    failed: Iterable[str],
+    live: Iterable[str],
+    spares: Sequence[str],
+    avoid: Iterable[str] = (),
+) -> list[str]:
+    """Where a recovered job runs, in node-rank order: its own nodes where they are healthy
+    (a rank that died leaves its node usable), each failed or avoided (draining) node
+    replaced by the first live spare, then by any other live node, none used twice.
+
+    Raises: ServiceUnavailable when too few healthy nodes are left.
+    """
+    bad = set(failed) | set(avoid)
+    alive = [n for n in sorted(set(live)) if n not in bad]
+    keep = [n if n in alive else None for n in current]
+    taken = {n for n in keep if n is not None}
+    pool = [n for n in spares if n in alive and n not in taken]
+    pool += [n for n in alive if n not in taken and n not in pool]
+    out: list[str] = []
+    for n in keep:
+        if n is None:
+            if not pool:
+                raise errors.ServiceUnavailable(
+                    f"no healthy node is left to replace {sorted(bad & set(current))} "
+                    f"(live: {sorted(set(live))})",
+                    "register another agent or name spares with --spares",
+                )
+            n = pool.pop(0)
+        out.append(n)
+    return out
+
+
+DEFAULT_MAX_TRIES = 3
+DEFAULT_WINDOW_S = 3600.0
+DEFAULT_HANG_DEADLINE_S = 600.0
+
+
+def may_recover(recoveries: Sequence[float], now: float, max_tries: int, window_s: float) -> bool:
+    """Another automatic recovery is allowed unless `max_tries` already happened within the
+    last `window_s` seconds: a job that fails the same way after every thaw (a bug at step
+    N) is not recovered forever."""
+    recent = [t for t in recoveries if now - t <= window_s]
+    return len(recent) < max_tries

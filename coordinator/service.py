@@ -62,6 +62,18 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     def Logs(self, req: common_pb2.LogsRequest, ctx: Any) -> Iterator[common_pb2.LogChunk]:
         return self.c.logs(req)
 
+    def Events(self, req: common_pb2.JobRef, ctx: Any) -> pb.EventList:
+        return self.c.events(req.job_id)
+
+    def SetPolicy(self, req: pb.SetPolicyRequest, ctx: Any) -> pb.PolicyInfo:
+        return self.c.set_policy(req)
+
+    def ShowPolicy(self, req: common_pb2.JobRef, ctx: Any) -> pb.PolicyInfo:
+        return self.c.show_policy(req.job_id)
+
+    def Drain(self, req: pb.DrainRequest, ctx: Any) -> pb.DrainReply:
+        return self.c.drain(req)
+
     def Freeze(self, req: pb.FreezeRequest, ctx: Any) -> Iterator[pb.FreezeEvent]:
         return self.c.freeze(req)
 

@@ -6,7 +6,8 @@ last loss) to --out, which is how runs are compared bit for bit.
 
 Options for benchmarks and tests: --step-sleep slows every step (a stand-in for a bigger model),
 --pause-at/--pause-s makes a long phase without collectives, --ckpt/--ckpt-every/--resume are
-the application checkpoint a cold restart would use.
+the application checkpoint a cold restart would use, --crash-at N makes --crash-rank fail with
+a Python exception at step N (a bug that comes back after every restore).
 """
 
 from __future__ import annotations
@@ -65,6 +66,8 @@ def main() -> None:
     ap.add_argument("--ckpt", default="")
     ap.add_argument("--ckpt-every", type=int, default=0)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--crash-at", type=int, default=-1)
+    ap.add_argument("--crash-rank", type=int, default=0)
     a = ap.parse_args()
 
     dist.init_process_group("gloo")
@@ -107,6 +110,8 @@ def main() -> None:
         for x, y in loader:
             if step >= a.steps:
                 break
+            if step == a.crash_at and rank == a.crash_rank:
+                raise RuntimeError(f"injected bug at step {step} on rank {rank}")
             if step == a.pause_at:
                 time.sleep(a.pause_s)  # a long phase with no collective
             opt.zero_grad(set_to_none=True)

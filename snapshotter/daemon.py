@@ -36,6 +36,7 @@ from snapshotter.config import Paths, default_home, keep_jobs, store_url
 from snapshotter.coordinator import service as coordinator_service
 from snapshotter.coordinator.core import Coordinator
 from snapshotter.coordinator.epoch import take_token
+from snapshotter.coordinator.supervisor import Supervisor
 from snapshotter.rpc.client import Target, coordinator_client
 from snapshotter.rpc.server import Listen, serve
 from snapshotter.storage.url import open_store
@@ -104,6 +105,8 @@ def serve_embedded(paths: Paths, bind_host: str = "127.0.0.1") -> int:
         store, url, lambda address, name: Target(address, server_name=name),
         keep_finished_jobs=keep_jobs(),
     )  # fmt: skip
+    supervisor = Supervisor(coord, tick_s=supervise_tick())
+    supervisor.start()
 
     def shutdown(force: bool) -> coordinator_pb2.ShutdownReply:
         running = coord.running_jobs()
@@ -142,6 +145,7 @@ def serve_embedded(paths: Paths, bind_host: str = "127.0.0.1") -> int:
                 paths.daemon_file.unlink()
         except (OSError, ValueError, KeyError):
             pass
+        supervisor.stop()
         agent.shutdown()
         coord_server.stop(2)
         agent_server.stop(2)
@@ -170,6 +174,8 @@ def serve_coordinator(cfg: CoordinatorConfig) -> int:
 
     coord = Coordinator(store, cfg.store_url, agent_target, token, agent_ttl=cfg.agent_ttl,
                         keep_finished_jobs=keep_jobs())  # fmt: skip
+    supervisor = Supervisor(coord, tick_s=supervise_tick())
+    supervisor.start()
     stop = _stop_event()
     server = serve(
         "coordinator",
@@ -182,8 +188,19 @@ def serve_coordinator(cfg: CoordinatorConfig) -> int:
     try:
         stop.wait()
     finally:
+        supervisor.stop()
         server.stop(2)
     return 0
+
+
+def supervise_tick() -> float:
+    """How often the supervisor looks at every job (SNAPSHOTTER_SUPERVISE_S, default 1 s):
+    the bound on how late a failure is noticed or a snapshot starts."""
+    try:
+        v = float(os.environ.get("SNAPSHOTTER_SUPERVISE_S", "1.0"))
+    except ValueError:
+        v = 1.0
+    return v if v > 0 else 1.0
 
 
 @dataclass(frozen=True)

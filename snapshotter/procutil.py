@@ -106,3 +106,25 @@ def sandbox_pids(init_pid: int, proc: Path = Path("/proc")) -> list[int]:
                     out.append(c)
                     todo.append(c)
     return out
+
+
+def proc_state(pid: int, proc: Path = Path("/proc")) -> str:
+    """The state letter of `pid` in /proc/<pid>/stat (R running, S sleeping, D disk wait,
+    T stopped, t traced, Z zombie, X dead), or "" when there is no such process."""
+    try:
+        stat = (proc / str(pid) / "stat").read_text()
+    except OSError:
+        return ""
+    # The name (field 2) is in parentheses and may itself hold ") ": the state follows the last.
+    fields = stat[stat.rfind(")") + 1 :].split()
+    return fields[0] if fields else ""
+
+
+def first_child(pid: int, proc: Path = Path("/proc")) -> int | None:
+    """The oldest living child of `pid` (the kernel lists children in the order they were
+    forked or adopted), or None. For a sandbox init that is the rank: the init forks only it."""
+    try:
+        kids = (proc / str(pid) / "task" / str(pid) / "children").read_text().split()
+    except OSError:
+        return None
+    return int(kids[0]) if kids else None

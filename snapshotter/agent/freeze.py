@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from snapshotter import errors
+from snapshotter.agent.progress import HOLD_S as PROGRESS_HOLD_S
 from snapshotter.agent.runtime import JobTable, NodeJob, NodeJobState, RankRuntime
 from snapshotter.config import Paths
 from snapshotter.gpu.stage import GpuHold, GpuStage
@@ -118,7 +119,9 @@ class Freezes:
     def prepare(self, job_id: str, freeze_id: str, timeout: float) -> agent_pb2.PrepareReply:
         job = self.jobs.running(job_id)
         criu.criu_binary()  # refuse before touching the ranks when the dump could not work
-        if not job.op_lock.acquire(blocking=False):
+        # A progress sample holds the lock for a moment: a freeze waits that out (and is
+        # refused only when another freeze or thaw holds it).
+        if not job.op_lock.acquire(timeout=PROGRESS_HOLD_S):
             raise errors.FreezeRefused(
                 f"another freeze or thaw of job {job_id} is in progress",
                 "wait for it to finish (`snapshotter status`), then retry",

@@ -6,6 +6,7 @@ A thin facade over its parts, each in its own module:
     freeze.py     the freeze phases and their leases (FreezePhase)
     thaw.py       fetch and restore
     runtime.py    a job's ranks (NodeJob), the per-rank fan-out, the job table
+    progress.py   sampling the ranks' training progress (steps, collective counts)
     sandboxes.py  sandbox -> RankRuntime, and the per-sandbox state on disk
     rdzv.py       rendezvous servers hosted for jobs with this node as node 0
     service.py    the gRPC surface (snapshotter.v1.Agent)
@@ -31,6 +32,8 @@ from snapshotter.agent.freeze import Freezes
 from snapshotter.agent.launch import Launcher
 from snapshotter.agent.logs import follow_file
 from snapshotter.agent.orphans import reap_orphans
+from snapshotter.agent.progress import TIMEOUT_S as PROGRESS_TIMEOUT_S
+from snapshotter.agent.progress import sample as sample_progress
 from snapshotter.agent.rdzv import RdzvHost
 from snapshotter.agent.retention import Retention, dirs_to_prune
 from snapshotter.agent.runtime import JobTable, NodeJob, NodeJobState
@@ -135,6 +138,17 @@ class NodeAgent:
         job = self.jobs.get(job_id)
         job.wait(timeout)
         return job
+
+    def progress(self, job_id: str, timeout: float = PROGRESS_TIMEOUT_S) -> common_pb2.JobProgress:
+        """Each of the job's ranks here: optimizer steps and collectives issued per group, or
+        that it did not answer within `timeout` and its process state (agent/progress.py).
+        A job a freeze or thaw holds is `busy`, and no rank is asked.
+
+        Raises:
+            JobNotFound: no such job here.
+            InvalidArgument: `timeout` is not in (0, PROGRESS_TIMEOUT_S].
+        """
+        return sample_progress(self.jobs.get(job_id), timeout)
 
     def cancel(self, job_id: str) -> NodeJob | None:
         """End a job's ranks here; None when it was still launching (the launch then ends

@@ -3,6 +3,11 @@ snapshotter/hook/protocol.py, shared with the rank's hook).
 
 Replies are matched by op and freeze id; stale replies of an earlier freeze are dropped. This
 object never blocks the caller for longer than the timeout it is given.
+
+Progress replies (`ask_progress`/`progress_reply`) go to a queue of their own, matched by query
+number: a progress sample can neither take a freeze's reply nor be taken for one. At most one
+progress query per rank is ever unanswered, so a stopped rank's command pipe cannot fill up
+with queries however often it is sampled.
 """
 
 from __future__ import annotations
@@ -27,6 +32,10 @@ class RankChannel:
         self._out = to_rank_fd
         self._in = from_rank_fd
         self._replies: queue.Queue[Msg | None] = queue.Queue()
+        self._progress: queue.Queue[Msg | None] = queue.Queue()
+        self._progress_lock = threading.Lock()
+        self._query = 0
+        self._asked: int | None = None  # the progress query still unanswered
         self._send_lock = threading.Lock()
         self._closed = False
         self._reader = threading.Thread(target=self._read_loop, name=f"rankctl-{rank}", daemon=True)
@@ -42,12 +51,17 @@ class RankChannel:
                     data = b""
                 if not data:
                     self._replies.put(None)
+                    self._progress.put(None)
                     return
                 for line in decoder.feed(data):
                     try:
-                        self._replies.put(protocol.decode(line))
+                        msg = protocol.decode(line)
                     except protocol.ProtocolError:
                         continue  # not ours to act on; the matching reply will come or not
+                    if msg["op"] == protocol.PROGRESS:
+                        self._progress.put(msg)
+                    else:
+                        self._replies.put(msg)
         finally:
             os.close(self._in)
 
@@ -103,6 +117,63 @@ class RankChannel:
         self.send(msg)
         return self.expect(protocol.REPLY_TO[msg["op"]], msg.get("freeze"), timeout)
 
+    def ask_progress(self) -> int:
+        """Ask the rank for its progress (unless the last query is still unanswered: then that
+        one stands); the query number to pass to `progress_reply`.
+
+        Raises:
+            FreezeFailed: the control channel is closed (the rank has ended).
+        """
+        with self._progress_lock:
+            # A late answer to the last query is stale by now: drop it and ask afresh.
+            while True:
+                try:
+                    msg = self._progress.get_nowait()
+                except queue.Empty:
+                    break
+                if msg is None:
+                    self._progress.put(None)  # keep EOF visible; the send below says closed
+                    break
+                if self._asked is not None and _query(msg) == self._asked:
+                    self._asked = None
+            if self._asked is None:
+                self._query += 1
+                self.send(protocol.progress(self._query))
+                self._asked = self._query
+            return self._asked
+
+    def progress_reply(self, query: int, timeout: float) -> protocol.Progress | None:
+        """The rank's answer to progress query `query`, or None if none came within `timeout`
+        (or the rank closed its channel). Never raises for what the rank sent."""
+        deadline = time.monotonic() + timeout
+        while True:
+            left = deadline - time.monotonic()
+            try:
+                # Past the deadline, an answer already here still counts.
+                msg = self._progress.get(timeout=left) if left > 0 else self._progress.get_nowait()
+            except queue.Empty:
+                return None
+            if msg is None:
+                self._progress.put(None)  # keep EOF visible to later callers
+                return None
+            if _query(msg) != query:
+                continue  # a late answer to an earlier query
+            with self._progress_lock:
+                if self._asked == query:
+                    self._asked = None
+            try:
+                return protocol.progress_of(msg)
+            except protocol.ProtocolError:
+                return None  # answered, but with nothing a reader can use
+
+    def progress(self, timeout: float) -> protocol.Progress | None:
+        """Ask for the rank's progress and wait up to `timeout` for it (None: no answer)."""
+        try:
+            query = self.ask_progress()
+        except errors.SnapshotterError:
+            return None
+        return self.progress_reply(query, timeout)
+
     def drain(self) -> None:
         """Drop replies left from an earlier operation."""
         while True:
@@ -131,3 +202,10 @@ class RankChannel:
     @property
     def reader_alive(self) -> bool:
         return self._reader.is_alive()
+
+
+def _query(msg: Msg) -> int | None:
+    try:
+        return protocol.query_of(msg)
+    except protocol.ProtocolError:
+        return None

@@ -101,6 +101,8 @@ class NodeJob:
     op_lock: threading.Lock = field(default_factory=threading.Lock)
     _cv: threading.Condition = field(default_factory=threading.Condition)
     _stopping_reason: NodeJobState | None = None
+    # The rank whose failure ended the others (what recovery reports as the cause).
+    failed_first: int | None = None
 
     def watch(self) -> None:
         for r in self.ranks:
@@ -118,6 +120,7 @@ class NodeJob:
             failed = code != 0 and self._stopping_reason is None
             if failed:
                 self._stopping_reason = NodeJobState.FAILED
+                self.failed_first = r.rank
             self._cv.notify_all()
         if failed:
             log.warning(
@@ -225,6 +228,7 @@ class NodeJob:
                     local_rank=r.placement.local_rank,
                     pid=r.sandbox.pid,
                     exit_code=r.exit_code,
+                    failed_first=r.rank == self.failed_first,
                 )  # fmt: skip
                 for r in self.ranks
             ],

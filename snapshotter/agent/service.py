@@ -113,6 +113,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     def Status(self, req: common_pb2.JobRef, ctx: Any) -> agent_pb2.NodeJob:
         return self.agent.jobs.get(req.job_id).to_proto()
 
+    def Progress(self, req: common_pb2.JobRef, ctx: Any) -> common_pb2.JobProgress:
+        return self.agent.progress(req.job_id)
+
     def Jobs(self, req: common_pb2.Empty, ctx: Any) -> agent_pb2.NodeJobList:
         return agent_pb2.NodeJobList(
             jobs=[j.to_proto(with_spec=True) for j in self.agent.jobs.all()]

@@ -136,6 +136,9 @@ class Thaws:
             mapping = stage.plan(recorded) if stage is not None else {}
             server, remote = self.rdzv.claim(spec, rdzv_at)
             job = NodeJob(spec=spec, node_rank=node_rank, rdzv=server, remote_rdzv=remote)
+            # Held until the ranks are resumed: the job is visible from `end_launch` on, and
+            # until then its channels are this thaw's (a progress sample reports it busy).
+            job.op_lock.acquire()
             logs = self.paths.criu_logs(op)
 
             def one(rec: common_pb2.RankRecord) -> RankRuntime:
@@ -193,6 +196,8 @@ class Thaws:
                 self.jobs.end_launch(spec.job_id, None)
             raise
         finally:
+            if job is not None:
+                job.op_lock.release()
             with self._lock:
                 self._fetched.pop(op, None)
             shutil.rmtree(work, ignore_errors=True)

@@ -11,6 +11,7 @@ import argparse
 import json
 import os
 import sys
+import threading
 import time
 from collections.abc import Callable, Iterable
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 
 from snapshotter import __version__, errors
 from snapshotter.cli import gc as gc_cli
-from snapshotter.cli import services
+from snapshotter.cli import preempt, services, supervise
 from snapshotter.cli.connect import coordinator, stop_embedded
 from snapshotter.cli.output import Msg, ProgressLine, emit_result, human_bytes, table
 from snapshotter.config import Paths, default_home
@@ -107,7 +108,9 @@ def cmd_run(a: argparse.Namespace) -> int:
         nnodes=_nnodes(a.nnodes),
         nproc_per_node=_nproc(a.nproc_per_node),
         nodes=a.nodes.split(",") if a.nodes else [],
+        recovery=supervise.recovery_from_flags(a),
     )
+    req.policy.CopyFrom(supervise.policy_from_flags(a)[0])
     c = _client()
     st = c.stub.Run(req, timeout=180)
     job = st.job_id
@@ -115,15 +118,19 @@ def cmd_run(a: argparse.Namespace) -> int:
         emit_result(plain(st), a.json, job, f"started job {job} ({len(st.ranks)} ranks)")
         return 0
     print(f"started job {job}", file=sys.stderr)
-    st = _attach(c, job)
+    with preempt.on_sigterm() as notice:
+        st = _attach(c, job, notice)
+        if notice.is_set():
+            return preempt.preempt(c, job, a.preempt_grace, a.json)
     if st.state == "FROZEN":
         print(f"job {job} was frozen and stopped; thaw it with `snapshotter thaw`", file=sys.stderr)
     emit_result(plain(st), a.json, None)
     return st.exit_code if st.HasField("exit_code") else 0
 
 
-def _attach(c: Client, job: str) -> pb.JobStatus:
-    """Stream every rank's output while the job runs, like torchrun does (bytes as they are)."""
+def _attach(c: Client, job: str, stop: threading.Event | None = None) -> pb.JobStatus:
+    """Stream every rank's output while the job runs, like torchrun does (bytes as they are),
+    until it ends or `stop` is set."""
     offsets: dict[int, int] = {}
     out = sys.stdout.buffer
     while True:
@@ -135,9 +142,12 @@ def _attach(c: Client, job: str) -> pb.JobStatus:
                 offsets[r.rank] = chunk.offset + len(chunk.data)
                 out.write(chunk.data)
         out.flush()
-        if done:
+        if done or (stop is not None and stop.is_set()):
             return st  # type: ignore[no-any-return]
-        time.sleep(0.5)
+        if stop is not None:
+            stop.wait(0.5)
+        else:
+            time.sleep(0.5)
 
 
 # --------------------------------------------------------------------------- freeze / thaw
@@ -218,6 +228,12 @@ def _status_text(st: Msg) -> str:
         lines.append("  snapshots: " + ", ".join(st["snapshots"]))
     if st.get("thawed_from"):
         lines.append(f"  thawed from {st['thawed_from']}")
+    if st.get("recovery", {}).get("mode") == "auto":
+        lines.append(f"  recover auto: {st.get('recoveries', 0)} recovery(ies)")
+    if st.get("gave_up"):
+        lines.append(f"  recovery stopped: {st['gave_up']}")
+    for e in st.get("events", [])[-5:]:
+        lines.append("  event " + supervise.event_line(e))
     return "\n".join(lines)
 
 
@@ -374,6 +390,14 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--no-python", "--no_python", action="store_true")
     r.add_argument("--job-id", default=None)
     r.add_argument("--detach", "-d", action="store_true")
+    r.add_argument(
+        "--preempt-grace",
+        type=float,
+        default=30.0,
+        help="on SIGTERM: seconds to freeze and stop the job in (default 30)",
+    )
+    supervise.add_policy_flags(r)
+    supervise.add_recovery_flags(r)
     r.add_argument("script")
     r.add_argument("script_args", nargs=argparse.REMAINDER)
 
@@ -409,6 +433,7 @@ def build_parser() -> argparse.ArgumentParser:
     dn.add_argument("--force", action="store_true", help="also stop running jobs")
     gc_cli.add_parser(sub).set_defaults(fn=lambda a: gc_cli.run(a, _client()))
     services.add_parsers(sub, common)
+    supervise.add_parsers(sub, common, _client)
     return p
 
 

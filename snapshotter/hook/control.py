@@ -42,6 +42,8 @@ class Hook:
         self._hold_timer: threading.Timer | None = None
         self._hold_s = float(os.environ.get("SNAPSHOTTER_HOLD_S", DEFAULT_HOLD_S))
         self._thread: threading.Thread | None = None
+        # Optimizer steps taken, all optimizers together (see _count_step).
+        self.steps = 0
         # Filled by install_torch(); absent when torch is missing or the hook is disabled.
         self.groups: Any = None
         self.rdzv: Any = None
@@ -57,6 +59,18 @@ class Hook:
         self.rdzv = RdzvRegistry(self.owned)
         wrap_rendezvous(self.rdzv, self.barrier.setup)
         install(self.groups)
+        try:
+            from torch.optim.optimizer import register_optimizer_step_post_hook
+        except ImportError as e:  # a torch without global optimizer hooks: freezes still work
+            warn(f"optimizer steps are not counted ({e}); progress reports 0 steps")
+            return
+        register_optimizer_step_post_hook(self._count_step)
+
+    def _count_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
+        # Runs on the training thread after every optimizer.step(): one increment, no lock and
+        # nothing else. Two optimizers stepping on two threads at once could lose one count;
+        # a progress reader wants a trend, not an exact ledger.
+        self.steps += 1
 
     def start(self) -> None:
         self.foreign.install()
@@ -126,6 +140,12 @@ class Hook:
     def _op_ping(self, freeze: str, msg: dict[str, Any]) -> None:
         self.send(protocol.pong(os.getpid(), self.rank))
 
+    def _op_progress(self, freeze: str, msg: dict[str, Any]) -> None:
+        # Answered in every barrier state and also when the hook is disabled (0 steps, no
+        # groups): reading the counters changes nothing the training threads see.
+        query = protocol.query_of(msg)
+        self.send(protocol.progress_report(query, self.steps, self.barrier.counts()))
+
     def _check_enabled(self) -> None:
         if self.disabled:
             raise RuntimeError(f"snapshotter hook is not active in this rank: {self.disabled}")
@@ -146,9 +166,11 @@ class Hook:
         self.barrier.arm(freeze, protocol.targets_of(msg))
 
     def _on_parked(self, freeze: str, at: ParkPoint | None) -> None:
-        self.send(protocol.parked(
-            freeze, None if at is None else at.group, None if at is None else at.seq
-        ))
+        self.send(
+            protocol.parked(
+                freeze, None if at is None else at.group, None if at is None else at.seq
+            )
+        )
 
     def _op_abort(self, freeze: str, msg: dict[str, Any]) -> None:
         self._cancel_hold()

@@ -13,10 +13,20 @@ keeps at the same numbers across a dump and restore)::
     {"op":"resume","freeze":ID,"epoch":E,
      "rdzv":{"host":H,"port":P},"env":{K:V}}        {"op":"resumed","freeze":ID}
     {"op":"abort","freeze":ID}                      {"op":"aborted","freeze":ID}
+    {"op":"progress","query":Q}                     {"op":"progress","query":Q,"steps":N,
+                                                     "counts":{GROUP:n}}
     any command that fails                          {"op":"error","freeze":ID,"message":M}
 
 `parked` is sent asynchronously, by whichever rank thread made the rank quiesced. Replies
 are matched by op and freeze id; a reply of an earlier freeze is stale and dropped.
+
+`progress` reads what the rank did without disturbing it, whenever the control thread is free
+(the agent asks only between freezes and thaws): the optimizer steps taken (every optimizer's
+`step()`, counted by a global post-hook) and the collectives issued per group, the barrier's
+own counters. It carries no timestamps: keeping the time of each count's last change would
+cost every collective a clock read, and whoever samples twice knows how long a count stood
+still. Its reply is matched by the query number Q, not by a freeze id, so it can never be
+taken for (or take) a freeze's reply.
 
 Both ends build and read messages only through this module; it imports only the standard
 library (the hook runs in the job's interpreter, which may have nothing else of ours).
@@ -26,18 +36,20 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
+from dataclasses import dataclass
 from typing import Any
 
 Msg = dict[str, Any]
 
 # Commands and the reply each expects.
-PING, PREPARE, PARK, SUSPEND, RESUME, ABORT = (
+PING, PREPARE, PARK, SUSPEND, RESUME, ABORT, PROGRESS = (
     "ping",
     "prepare",
     "park",
     "suspend",
     "resume",
     "abort",
+    "progress",
 )
 REPLY_TO = {
     PING: "pong",
@@ -46,6 +58,7 @@ REPLY_TO = {
     SUSPEND: "suspended",
     RESUME: "resumed",
     ABORT: "aborted",
+    PROGRESS: "progress",
 }
 ERROR = "error"
 
@@ -114,6 +127,10 @@ def abort(freeze: str) -> Msg:
     return {"op": ABORT, "freeze": freeze}
 
 
+def progress(query: int) -> Msg:
+    return {"op": PROGRESS, "query": int(query)}
+
+
 def targets_of(msg: Msg) -> dict[str, int]:
     """The park targets of a `park` command (ProtocolError if malformed)."""
     targets = msg.get("targets") or {}
@@ -161,3 +178,42 @@ def done(op: str, freeze: str) -> Msg:
 
 def error(freeze: str, message: str) -> Msg:
     return {"op": ERROR, "freeze": freeze, "message": message}
+
+
+def progress_report(query: int, steps: int, issued: Mapping[str, int]) -> Msg:
+    """The reply to `progress` command `query`."""
+    return {"op": PROGRESS, "query": int(query), "steps": int(steps), "counts": dict(issued)}
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What a `progress` reply says: optimizer steps taken and collectives issued per group."""
+
+    query: int
+    steps: int
+    counts: dict[str, int]
+
+
+def query_of(msg: Msg) -> int:
+    """The query number of a `progress` command or reply (ProtocolError if malformed)."""
+    try:
+        return int(msg["query"])
+    except (KeyError, TypeError, ValueError) as e:
+        raise ProtocolError(f"progress needs an integer query number: {e}") from e
+
+
+def progress_of(msg: Msg) -> Progress:
+    """The content of a `progress` reply (ProtocolError if malformed)."""
+    if msg.get("op") != PROGRESS:
+        raise ProtocolError(f"not a progress reply: op {msg.get('op')!r}")
+    counts = msg.get("counts")
+    if not isinstance(counts, dict):
+        raise ProtocolError("progress counts must be an object {group: issued}")
+    try:
+        return Progress(
+            query=query_of(msg),
+            steps=int(msg["steps"]),
+            counts={str(k): int(v) for k, v in counts.items()},
+        )
+    except (KeyError, TypeError, ValueError) as e:
+        raise ProtocolError(f"progress needs integer steps and counts: {e}") from e

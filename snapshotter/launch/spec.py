@@ -13,10 +13,11 @@ from __future__ import annotations
 
 import re
 import secrets
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from snapshotter import errors
+from snapshotter.rpc import convert
 from snapshotter.v1 import common_pb2
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -51,13 +52,22 @@ class JobSpec:
     env: dict[str, str] = field(repr=False)
     nnodes: int = 1
     nproc_per_node: int = 1
+    # What the coordinator does with the job by itself (kept in its snapshots, so a thawed
+    # or recovered job keeps them). Empty messages: no policy snapshots, no recovery.
+    policy: common_pb2.Policy = field(default_factory=common_pb2.Policy, compare=False)
+    recovery: common_pb2.Recovery = field(default_factory=common_pb2.Recovery, compare=False)
 
     @property
     def world_size(self) -> int:
         return self.nnodes * self.nproc_per_node
 
     def to_dict(self) -> dict[str, Any]:
-        return asdict(self)
+        d = {f.name: getattr(self, f.name) for f in fields(self)}
+        d["script_args"] = list(self.script_args)
+        d["env"] = dict(self.env)
+        d["policy"] = convert.plain(self.policy)
+        d["recovery"] = convert.plain(self.recovery)
+        return d
 
     @staticmethod
     def from_dict(d: dict[str, Any]) -> JobSpec:
@@ -71,11 +81,19 @@ class JobSpec:
             env=dict(d["env"]),
             nnodes=int(d.get("nnodes", 1)),
             nproc_per_node=int(d.get("nproc_per_node", 1)),
+            # A snapshot of an older release has neither.
+            policy=convert.parse(d.get("policy") or {}, common_pb2.Policy),
+            recovery=convert.parse(d.get("recovery") or {}, common_pb2.Recovery),
         )
 
     def with_job_id(self, job_id: str) -> JobSpec:
         d = self.to_dict()
         d["job_id"] = job_id
+        return JobSpec.from_dict(d)
+
+    def with_policy(self, policy: common_pb2.Policy) -> JobSpec:
+        d = self.to_dict()
+        d["policy"] = convert.plain(policy)
         return JobSpec.from_dict(d)
 
     def for_snapshot(self) -> tuple[dict[str, Any], list[str]]:
@@ -95,6 +113,8 @@ class JobSpec:
             env=self.env,
             nnodes=self.nnodes,
             nproc_per_node=self.nproc_per_node,
+            policy=self.policy,
+            recovery=self.recovery,
         )
 
     @staticmethod
@@ -110,6 +130,8 @@ class JobSpec:
             env=dict(m.env),
             nnodes=m.nnodes or 1,
             nproc_per_node=m.nproc_per_node or 1,
+            policy=m.policy,
+            recovery=m.recovery,
         )
         spec.check()
         return spec

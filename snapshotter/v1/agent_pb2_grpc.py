@@ -125,6 +125,11 @@ class AgentStub:
                 request_serializer=snapshotter_dot_v1_dot_common__pb2.JobRef.SerializeToString,
                 response_deserializer=snapshotter_dot_v1_dot_agent__pb2.NodeJob.FromString,
                 _registered_method=True)
+        self.Progress = channel.unary_unary(
+                '/snapshotter.v1.Agent/Progress',
+                request_serializer=snapshotter_dot_v1_dot_common__pb2.JobRef.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_common__pb2.JobProgress.FromString,
+                _registered_method=True)
         self.Jobs = channel.unary_unary(
                 '/snapshotter.v1.Agent/Jobs',
                 request_serializer=snapshotter_dot_v1_dot_common__pb2.Empty.SerializeToString,
@@ -259,6 +264,14 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Progress(self, request, context):
+        """Each rank's optimizer steps and collective counts, read without disturbing the ranks (for
+        hang detection and step-based policies); a busy job (a freeze or thaw holds it) is not asked.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Jobs(self, request, context):
         """Every job this node holds, with its spec: what a restarted coordinator re-learns.
         """
@@ -376,6 +389,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Status,
                     request_deserializer=snapshotter_dot_v1_dot_common__pb2.JobRef.FromString,
                     response_serializer=snapshotter_dot_v1_dot_agent__pb2.NodeJob.SerializeToString,
+            ),
+            'Progress': grpc.unary_unary_rpc_method_handler(
+                    servicer.Progress,
+                    request_deserializer=snapshotter_dot_v1_dot_common__pb2.JobRef.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_common__pb2.JobProgress.SerializeToString,
             ),
             'Jobs': grpc.unary_unary_rpc_method_handler(
                     servicer.Jobs,
@@ -884,6 +902,33 @@ class Agent:
             '/snapshotter.v1.Agent/Status',
             snapshotter_dot_v1_dot_common__pb2.JobRef.SerializeToString,
             snapshotter_dot_v1_dot_agent__pb2.NodeJob.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Progress(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapshotter.v1.Agent/Progress',
+            snapshotter_dot_v1_dot_common__pb2.JobRef.SerializeToString,
+            snapshotter_dot_v1_dot_common__pb2.JobProgress.FromString,
             options,
             channel_credentials,
             insecure,

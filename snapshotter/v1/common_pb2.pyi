@@ -63,7 +63,7 @@ class Endpoint(_message.Message):
     def __init__(self, host: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("job_id", "script", "script_args", "module", "python", "cwd", "env", "nnodes", "nproc_per_node")
+    __slots__ = ("job_id", "script", "script_args", "module", "python", "cwd", "env", "nnodes", "nproc_per_node", "policy", "recovery")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -80,6 +80,8 @@ class JobSpec(_message.Message):
     ENV_FIELD_NUMBER: _ClassVar[int]
     NNODES_FIELD_NUMBER: _ClassVar[int]
     NPROC_PER_NODE_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     script: str
     script_args: _containers.RepeatedScalarFieldContainer[str]
@@ -89,19 +91,53 @@ class JobSpec(_message.Message):
     env: _containers.ScalarMap[str, str]
     nnodes: int
     nproc_per_node: int
-    def __init__(self, job_id: _Optional[str] = ..., script: _Optional[str] = ..., script_args: _Optional[_Iterable[str]] = ..., module: _Optional[bool] = ..., python: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., nnodes: _Optional[int] = ..., nproc_per_node: _Optional[int] = ...) -> None: ...
+    policy: Policy
+    recovery: Recovery
+    def __init__(self, job_id: _Optional[str] = ..., script: _Optional[str] = ..., script_args: _Optional[_Iterable[str]] = ..., module: _Optional[bool] = ..., python: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., nnodes: _Optional[int] = ..., nproc_per_node: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., recovery: _Optional[_Union[Recovery, _Mapping]] = ...) -> None: ...
+
+class Policy(_message.Message):
+    __slots__ = ("every_s", "auto", "every_steps", "keep", "keep_hourly_days", "keep_daily_days")
+    EVERY_S_FIELD_NUMBER: _ClassVar[int]
+    AUTO_FIELD_NUMBER: _ClassVar[int]
+    EVERY_STEPS_FIELD_NUMBER: _ClassVar[int]
+    KEEP_FIELD_NUMBER: _ClassVar[int]
+    KEEP_HOURLY_DAYS_FIELD_NUMBER: _ClassVar[int]
+    KEEP_DAILY_DAYS_FIELD_NUMBER: _ClassVar[int]
+    every_s: float
+    auto: bool
+    every_steps: int
+    keep: int
+    keep_hourly_days: float
+    keep_daily_days: float
+    def __init__(self, every_s: _Optional[float] = ..., auto: _Optional[bool] = ..., every_steps: _Optional[int] = ..., keep: _Optional[int] = ..., keep_hourly_days: _Optional[float] = ..., keep_daily_days: _Optional[float] = ...) -> None: ...
+
+class Recovery(_message.Message):
+    __slots__ = ("mode", "spares", "max_tries", "window_s", "hang_deadline_s")
+    MODE_FIELD_NUMBER: _ClassVar[int]
+    SPARES_FIELD_NUMBER: _ClassVar[int]
+    MAX_TRIES_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_S_FIELD_NUMBER: _ClassVar[int]
+    HANG_DEADLINE_S_FIELD_NUMBER: _ClassVar[int]
+    mode: str
+    spares: _containers.RepeatedScalarFieldContainer[str]
+    max_tries: int
+    window_s: float
+    hang_deadline_s: float
+    def __init__(self, mode: _Optional[str] = ..., spares: _Optional[_Iterable[str]] = ..., max_tries: _Optional[int] = ..., window_s: _Optional[float] = ..., hang_deadline_s: _Optional[float] = ...) -> None: ...
 
 class RankState(_message.Message):
-    __slots__ = ("rank", "local_rank", "pid", "exit_code")
+    __slots__ = ("rank", "local_rank", "pid", "exit_code", "failed_first")
     RANK_FIELD_NUMBER: _ClassVar[int]
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIRST_FIELD_NUMBER: _ClassVar[int]
     rank: int
     local_rank: int
     pid: int
     exit_code: int
-    def __init__(self, rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ...) -> None: ...
+    failed_first: bool
+    def __init__(self, rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., failed_first: _Optional[bool] = ...) -> None: ...
 
 class GpuInfo(_message.Message):
     __slots__ = ("uuid", "name", "memory")
@@ -284,6 +320,41 @@ class UploadWindow(_message.Message):
     start: float
     end: float
     def __init__(self, node: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ...) -> None: ...
+
+class RankProgress(_message.Message):
+    __slots__ = ("rank", "answered", "steps", "counts", "proc_state", "exit_code")
+    class CountsEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: int
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[int] = ...) -> None: ...
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    COUNTS_FIELD_NUMBER: _ClassVar[int]
+    PROC_STATE_FIELD_NUMBER: _ClassVar[int]
+    EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    answered: bool
+    steps: int
+    counts: _containers.ScalarMap[str, int]
+    proc_state: str
+    exit_code: int
+    def __init__(self, rank: _Optional[int] = ..., answered: _Optional[bool] = ..., steps: _Optional[int] = ..., counts: _Optional[_Mapping[str, int]] = ..., proc_state: _Optional[str] = ..., exit_code: _Optional[int] = ...) -> None: ...
+
+class JobProgress(_message.Message):
+    __slots__ = ("job_id", "busy", "ranks", "sampled")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    busy: bool
+    ranks: _containers.RepeatedCompositeFieldContainer[RankProgress]
+    sampled: float
+    def __init__(self, job_id: _Optional[str] = ..., busy: _Optional[bool] = ..., ranks: _Optional[_Iterable[_Union[RankProgress, _Mapping]]] = ..., sampled: _Optional[float] = ...) -> None: ...
 
 class Empty(_message.Message):
     __slots__ = ()

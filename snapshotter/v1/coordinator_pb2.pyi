@@ -87,7 +87,7 @@ class RegisterAgentReply(_message.Message):
     def __init__(self, registered: _Optional[str] = ..., fence: _Optional[_Union[Fence, _Mapping]] = ...) -> None: ...
 
 class RunRequest(_message.Message):
-    __slots__ = ("job_id", "script", "script_args", "module", "python", "cwd", "env", "nnodes", "nproc_per_node", "nodes")
+    __slots__ = ("job_id", "script", "script_args", "module", "python", "cwd", "env", "nnodes", "nproc_per_node", "nodes", "policy", "recovery")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -105,6 +105,8 @@ class RunRequest(_message.Message):
     NNODES_FIELD_NUMBER: _ClassVar[int]
     NPROC_PER_NODE_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     script: str
     script_args: _containers.RepeatedScalarFieldContainer[str]
@@ -115,10 +117,12 @@ class RunRequest(_message.Message):
     nnodes: int
     nproc_per_node: int
     nodes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job_id: _Optional[str] = ..., script: _Optional[str] = ..., script_args: _Optional[_Iterable[str]] = ..., module: _Optional[bool] = ..., python: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., nnodes: _Optional[int] = ..., nproc_per_node: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+    policy: _common_pb2.Policy
+    recovery: _common_pb2.Recovery
+    def __init__(self, job_id: _Optional[str] = ..., script: _Optional[str] = ..., script_args: _Optional[_Iterable[str]] = ..., module: _Optional[bool] = ..., python: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., nnodes: _Optional[int] = ..., nproc_per_node: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., policy: _Optional[_Union[_common_pb2.Policy, _Mapping]] = ..., recovery: _Optional[_Union[_common_pb2.Recovery, _Mapping]] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("job_id", "state", "nodes", "nnodes", "nproc_per_node", "script", "ranks", "snapshots", "thawed_from", "exit_code")
+    __slots__ = ("job_id", "state", "nodes", "nnodes", "nproc_per_node", "script", "ranks", "snapshots", "thawed_from", "exit_code", "policy", "recovery", "recoveries", "events", "gave_up")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
@@ -129,6 +133,11 @@ class JobStatus(_message.Message):
     SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
     THAWED_FROM_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    RECOVERY_FIELD_NUMBER: _ClassVar[int]
+    RECOVERIES_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    GAVE_UP_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     state: str
     nodes: _containers.RepeatedScalarFieldContainer[str]
@@ -139,7 +148,134 @@ class JobStatus(_message.Message):
     snapshots: _containers.RepeatedScalarFieldContainer[str]
     thawed_from: str
     exit_code: int
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., nnodes: _Optional[int] = ..., nproc_per_node: _Optional[int] = ..., script: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[_common_pb2.RankState, _Mapping]]] = ..., snapshots: _Optional[_Iterable[str]] = ..., thawed_from: _Optional[str] = ..., exit_code: _Optional[int] = ...) -> None: ...
+    policy: _common_pb2.Policy
+    recovery: _common_pb2.Recovery
+    recoveries: int
+    events: _containers.RepeatedCompositeFieldContainer[JobEvent]
+    gave_up: str
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., nnodes: _Optional[int] = ..., nproc_per_node: _Optional[int] = ..., script: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[_common_pb2.RankState, _Mapping]]] = ..., snapshots: _Optional[_Iterable[str]] = ..., thawed_from: _Optional[str] = ..., exit_code: _Optional[int] = ..., policy: _Optional[_Union[_common_pb2.Policy, _Mapping]] = ..., recovery: _Optional[_Union[_common_pb2.Recovery, _Mapping]] = ..., recoveries: _Optional[int] = ..., events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ..., gave_up: _Optional[str] = ...) -> None: ...
+
+class JobEvent(_message.Message):
+    __slots__ = ("time", "kind", "cause", "snapshot_id", "steps_lost", "took_s", "detect_s", "detail", "nodes", "rank")
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    CAUSE_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    STEPS_LOST_FIELD_NUMBER: _ClassVar[int]
+    TOOK_S_FIELD_NUMBER: _ClassVar[int]
+    DETECT_S_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    time: float
+    kind: str
+    cause: str
+    snapshot_id: str
+    steps_lost: int
+    took_s: float
+    detect_s: float
+    detail: str
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    rank: int
+    def __init__(self, time: _Optional[float] = ..., kind: _Optional[str] = ..., cause: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., steps_lost: _Optional[int] = ..., took_s: _Optional[float] = ..., detect_s: _Optional[float] = ..., detail: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., rank: _Optional[int] = ...) -> None: ...
+
+class EventList(_message.Message):
+    __slots__ = ("job_id", "events")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    EVENTS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    events: _containers.RepeatedCompositeFieldContainer[JobEvent]
+    def __init__(self, job_id: _Optional[str] = ..., events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ...) -> None: ...
+
+class SetPolicyRequest(_message.Message):
+    __slots__ = ("job_id", "policy", "every_given", "clear")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    EVERY_GIVEN_FIELD_NUMBER: _ClassVar[int]
+    CLEAR_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    policy: _common_pb2.Policy
+    every_given: bool
+    clear: bool
+    def __init__(self, job_id: _Optional[str] = ..., policy: _Optional[_Union[_common_pb2.Policy, _Mapping]] = ..., every_given: _Optional[bool] = ..., clear: _Optional[bool] = ...) -> None: ...
+
+class AutoInterval(_message.Message):
+    __slots__ = ("cost_s", "cost_measured", "node_mtbf_s", "failures", "node_seconds", "nnodes", "job_mtbf_s", "interval_s")
+    COST_S_FIELD_NUMBER: _ClassVar[int]
+    COST_MEASURED_FIELD_NUMBER: _ClassVar[int]
+    NODE_MTBF_S_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    NODE_SECONDS_FIELD_NUMBER: _ClassVar[int]
+    NNODES_FIELD_NUMBER: _ClassVar[int]
+    JOB_MTBF_S_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    cost_s: float
+    cost_measured: int
+    node_mtbf_s: float
+    failures: int
+    node_seconds: float
+    nnodes: int
+    job_mtbf_s: float
+    interval_s: float
+    def __init__(self, cost_s: _Optional[float] = ..., cost_measured: _Optional[int] = ..., node_mtbf_s: _Optional[float] = ..., failures: _Optional[int] = ..., node_seconds: _Optional[float] = ..., nnodes: _Optional[int] = ..., job_mtbf_s: _Optional[float] = ..., interval_s: _Optional[float] = ...) -> None: ...
+
+class PolicyInfo(_message.Message):
+    __slots__ = ("job_id", "policy", "describe", "auto", "interval_s", "next_in_s", "steps", "anchor_steps", "failures", "last_error", "state")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    DESCRIBE_FIELD_NUMBER: _ClassVar[int]
+    AUTO_FIELD_NUMBER: _ClassVar[int]
+    INTERVAL_S_FIELD_NUMBER: _ClassVar[int]
+    NEXT_IN_S_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    ANCHOR_STEPS_FIELD_NUMBER: _ClassVar[int]
+    FAILURES_FIELD_NUMBER: _ClassVar[int]
+    LAST_ERROR_FIELD_NUMBER: _ClassVar[int]
+    STATE_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    policy: _common_pb2.Policy
+    describe: str
+    auto: AutoInterval
+    interval_s: float
+    next_in_s: float
+    steps: int
+    anchor_steps: int
+    failures: int
+    last_error: str
+    state: str
+    def __init__(self, job_id: _Optional[str] = ..., policy: _Optional[_Union[_common_pb2.Policy, _Mapping]] = ..., describe: _Optional[str] = ..., auto: _Optional[_Union[AutoInterval, _Mapping]] = ..., interval_s: _Optional[float] = ..., next_in_s: _Optional[float] = ..., steps: _Optional[int] = ..., anchor_steps: _Optional[int] = ..., failures: _Optional[int] = ..., last_error: _Optional[str] = ..., state: _Optional[str] = ...) -> None: ...
+
+class DrainRequest(_message.Message):
+    __slots__ = ("node", "grace_s", "undo")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    GRACE_S_FIELD_NUMBER: _ClassVar[int]
+    UNDO_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    grace_s: float
+    undo: bool
+    def __init__(self, node: _Optional[str] = ..., grace_s: _Optional[float] = ..., undo: _Optional[bool] = ...) -> None: ...
+
+class DrainedJob(_message.Message):
+    __slots__ = ("job_id", "snapshot_id", "fallback", "detail", "thawed_on")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    FALLBACK_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    THAWED_ON_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    snapshot_id: str
+    fallback: bool
+    detail: str
+    thawed_on: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., fallback: _Optional[bool] = ..., detail: _Optional[str] = ..., thawed_on: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class DrainReply(_message.Message):
+    __slots__ = ("node", "jobs")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    jobs: _containers.RepeatedCompositeFieldContainer[DrainedJob]
+    def __init__(self, node: _Optional[str] = ..., jobs: _Optional[_Iterable[_Union[DrainedJob, _Mapping]]] = ...) -> None: ...
 
 class JobList(_message.Message):
     __slots__ = ("jobs",)

@@ -80,6 +80,26 @@ class CoordinatorStub:
                 request_serializer=snapshotter_dot_v1_dot_common__pb2.LogsRequest.SerializeToString,
                 response_deserializer=snapshotter_dot_v1_dot_common__pb2.LogChunk.FromString,
                 _registered_method=True)
+        self.Events = channel.unary_unary(
+                '/snapshotter.v1.Coordinator/Events',
+                request_serializer=snapshotter_dot_v1_dot_common__pb2.JobRef.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.EventList.FromString,
+                _registered_method=True)
+        self.SetPolicy = channel.unary_unary(
+                '/snapshotter.v1.Coordinator/SetPolicy',
+                request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.SetPolicyRequest.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.PolicyInfo.FromString,
+                _registered_method=True)
+        self.ShowPolicy = channel.unary_unary(
+                '/snapshotter.v1.Coordinator/ShowPolicy',
+                request_serializer=snapshotter_dot_v1_dot_common__pb2.JobRef.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.PolicyInfo.FromString,
+                _registered_method=True)
+        self.Drain = channel.unary_unary(
+                '/snapshotter.v1.Coordinator/Drain',
+                request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.DrainRequest.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.DrainReply.FromString,
+                _registered_method=True)
         self.Freeze = channel.unary_stream(
                 '/snapshotter.v1.Coordinator/Freeze',
                 request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.FreezeRequest.SerializeToString,
@@ -178,6 +198,36 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Events(self, request, context):
+        """What happened to a job by itself: policy snapshots, failures, recoveries, preemptions.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetPolicy(self, request, context):
+        """A job's snapshot policy: changed (only the fields given), cleared, or shown with the
+        inputs of its interval and when the next snapshot is due.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ShowPolicy(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Drain(self, request, context):
+        """A node is going away (preemption, maintenance): every job on it is frozen and stopped
+        within the grace period (or falls back to its newest snapshot) and, with --recover auto,
+        thawed elsewhere; no new job is placed on it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Freeze(self, request, context):
         """Snapshot a running job; the stream ends with `done` (or fails with the error).
         """
@@ -271,6 +321,26 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Logs,
                     request_deserializer=snapshotter_dot_v1_dot_common__pb2.LogsRequest.FromString,
                     response_serializer=snapshotter_dot_v1_dot_common__pb2.LogChunk.SerializeToString,
+            ),
+            'Events': grpc.unary_unary_rpc_method_handler(
+                    servicer.Events,
+                    request_deserializer=snapshotter_dot_v1_dot_common__pb2.JobRef.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_coordinator__pb2.EventList.SerializeToString,
+            ),
+            'SetPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetPolicy,
+                    request_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.SetPolicyRequest.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_coordinator__pb2.PolicyInfo.SerializeToString,
+            ),
+            'ShowPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShowPolicy,
+                    request_deserializer=snapshotter_dot_v1_dot_common__pb2.JobRef.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_coordinator__pb2.PolicyInfo.SerializeToString,
+            ),
+            'Drain': grpc.unary_unary_rpc_method_handler(
+                    servicer.Drain,
+                    request_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.DrainRequest.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_coordinator__pb2.DrainReply.SerializeToString,
             ),
             'Freeze': grpc.unary_stream_rpc_method_handler(
                     servicer.Freeze,
@@ -551,6 +621,114 @@ class Coordinator:
             '/snapshotter.v1.Coordinator/Logs',
             snapshotter_dot_v1_dot_common__pb2.LogsRequest.SerializeToString,
             snapshotter_dot_v1_dot_common__pb2.LogChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Events(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapshotter.v1.Coordinator/Events',
+            snapshotter_dot_v1_dot_common__pb2.JobRef.SerializeToString,
+            snapshotter_dot_v1_dot_coordinator__pb2.EventList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapshotter.v1.Coordinator/SetPolicy',
+            snapshotter_dot_v1_dot_coordinator__pb2.SetPolicyRequest.SerializeToString,
+            snapshotter_dot_v1_dot_coordinator__pb2.PolicyInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShowPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapshotter.v1.Coordinator/ShowPolicy',
+            snapshotter_dot_v1_dot_common__pb2.JobRef.SerializeToString,
+            snapshotter_dot_v1_dot_coordinator__pb2.PolicyInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Drain(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapshotter.v1.Coordinator/Drain',
+            snapshotter_dot_v1_dot_coordinator__pb2.DrainRequest.SerializeToString,
+            snapshotter_dot_v1_dot_coordinator__pb2.DrainReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -8,14 +8,20 @@ to an uninterrupted 2x2 run; every node's upload must run at the same time as th
 from __future__ import annotations
 
 import json
+import os
+import signal
+import time
 from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
 import pytest
 
+from tests.support.cli import TRAIN
 from tests.support.multinode import (
     Deployment,
     Op,
+    pids_in_node,
     rank_sandbox_pids,
     read_json,
     skip_without_nodes,
@@ -162,3 +168,64 @@ def test_thaw_of_an_altered_snapshot_starts_nothing(
     assert sandboxes == []
     assert snap in [s["snapshot_id"] for s in cli.json("list")["snapshots"]]
     cli.run("delete", snap)
+
+
+def test_policy_snapshots_a_lost_node_replaced_by_a_spare_and_a_drain(
+    deployment: Deployment, reference: dict, tmp_path: Path
+) -> None:
+    """On a 2x2 job with a policy and --recover auto: snapshots on schedule, retention keeps 2
+    and their chunks are gone from the store; kill -9 of node b's agent and ranks: thawed onto
+    the spare c; then node a is drained: frozen, thawed onto b and c; the run ends with the
+    parameters of an uninterrupted one."""
+    cli = deployment.cli
+    out = tmp_path / "out.json"
+    p = cli.run("run", "--detach", "--nnodes", "2", "--nproc-per-node", "2", "--nodes", "a,b",
+                "--snapshot-every", "8s", "--keep", "2", "--recover", "auto", "--spares", "c",
+                str(TRAIN), "--out", str(out), "--steps", str(STEPS),
+                "--step-sleep", "0.3")  # fmt: skip
+    job = p.stdout.strip().splitlines()[-1]
+
+    def events(kind: str) -> list[dict]:
+        return [e for e in cli.json("events", job)["events"] if e["kind"] == kind]
+
+    def until(what: str, cond: Any, timeout: float = 240) -> Any:
+        deadline = time.monotonic() + timeout
+        while not (v := cond()):
+            if time.monotonic() > deadline:
+                raise AssertionError(f"no {what} within {timeout:.0f}s\n{deployment.logs()}")
+            time.sleep(0.5)
+        return v
+
+    try:
+        until("third policy snapshot", lambda: len(events("snapshot")) >= 3)
+        kept = {s["snapshot_id"] for s in cli.json("list", "--job", job)["snapshots"]}
+        expired = {e["snapshot_id"] for e in events("snapshot")} - kept
+        assert 1 <= len(kept) <= 2 and expired, (kept, expired)
+        for sid in expired:  # deleted, chunks and all
+            keys = deployment.server.keys(f"mn/snapshots/{sid}/")  # type: ignore[attr-defined]
+            assert keys == [], sid
+
+        killed = time.time()
+        deployment.kill_agent("b")
+        for pid in pids_in_node(deployment.cluster, "b"):
+            os.kill(pid, signal.SIGKILL)
+        rec = until("recovery onto the spare", lambda: events("recovered"))[0]
+        failure = events("failure")[0]
+        assert failure["cause"] == "node_lost" and failure["nodes"] == ["b"], failure
+        assert rec["nodes"] == ["a", "c"], rec
+        detected, running = failure["time"] - killed, rec["time"] - killed
+        print(f"\n[resilience] node b lost: detected after {detected:.1f}s (agent TTL 6s), "
+              f"running again on a,c after {running:.1f}s")  # fmt: skip
+
+        deployment.start_agent("b")
+        deployment.wait_agents(["a", "b", "c"])
+        drained = cli.json("drain", "a", "--grace", "60")
+        assert drained["jobs"][0]["fallback"] is False, drained
+        assert drained["jobs"][0]["thawed_on"] == ["b", "c"], drained
+        st = cli.wait(job)
+        assert st["state"] == "SUCCEEDED", (st, deployment.logs())
+        assert read_json(out) == reference
+    finally:
+        cli.run("drain", "a", "--undo", check=False)
+        if deployment.agents["b"].poll() is not None:
+            deployment.start_agent("b")

@@ -315,6 +315,11 @@ def rank_sandbox_pids(cluster: Cluster) -> list[int]:
     return out
 
 
+def pids_in_node(cluster: Cluster, name: str) -> list[int]:
+    """Every process in node `name`'s network namespace (its agent, its rank sandboxes)."""
+    return _pids_in_netns(cluster[name].netns_path)
+
+
 def read_json(path: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(path.read_text())
     return data

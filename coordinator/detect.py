@@ -1,0 +1,173 @@
+"""Failure detection as pure functions: what the agents and the ranks' hooks last said, in;
+the failure (or None), out. The supervisor (supervisor.py) samples and acts.
+
+    rank failure  a rank exited non-zero or by a signal (the agent ends its peers: fail-fast)
+    node lost     the node's agent missed its heartbeats for the coordinator's TTL
+    hang          every rank alive, yet no rank issued a collective for `deadline` seconds;
+                  the rank behind is the one that stopped answering (or is stopped), else the
+                  one that issued the fewest collectives on a group where its peers issued more
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from collections.abc import Iterable, Mapping, Sequence
+from dataclasses import dataclass, field
+
+# A rank its agent ended because a peer failed first (fail-fast) exits by one of these.
+_ENDED_BY_AGENT = (-signal.SIGTERM, -signal.SIGKILL, 128 + signal.SIGTERM, 128 + signal.SIGKILL)
+
+
+@dataclass(frozen=True)
+class Failure:
+    cause: str  # rank_exit | rank_signal | node_lost | hang
+    detail: str
+    rank: int | None = None
+    node: str | None = None
+    # Seconds between the failure (as near as the samples tell) and its detection.
+    detect_s: float | None = None
+
+    @property
+    def lost_node(self) -> bool:
+        return self.cause == "node_lost"
+
+
+def signal_name(code: int) -> str | None:
+    """The signal a rank's exit code stands for (negative: killed by it; 128+n: its shell)."""
+    n = -code if code < 0 else code - 128 if code > 128 else 0
+    if n <= 0:
+        return None
+    try:
+        return signal.Signals(n).name
+    except ValueError:
+        return f"signal {n}"
+
+
+def rank_failure(codes: Mapping[int, int | None], first: Iterable[int] = ()) -> Failure | None:
+    """The rank that failed, from every rank's exit code (None: still running). `first`: the
+    ranks an agent saw fail before it ended their peers (one per failed node; the lowest wins),
+    else one that did not exit by the agent's signals, else the lowest that failed."""
+    failed = {r: c for r, c in sorted(codes.items()) if c not in (None, 0)}
+    if not failed:
+        return None
+    firsts = {r: failed[r] for r in sorted(first) if r in failed}
+    own = {r: c for r, c in failed.items() if c not in _ENDED_BY_AGENT}
+    rank, code = next(iter((firsts or own or failed).items()))
+    assert code is not None
+    sig = signal_name(code)
+    if sig is not None:
+        return Failure("rank_signal", f"rank {rank} was killed by {sig}", rank=rank)
+    return Failure("rank_exit", f"rank {rank} exited with code {code}", rank=rank)
+
+
+def lost_nodes(job_nodes: Sequence[str], live: Iterable[str]) -> list[str]:
+    alive = set(live)
+    return [n for n in job_nodes if n and n not in alive]
+
+
+@dataclass(frozen=True)
+class RankSample:
+    rank: int
+    answered: bool
+    counts: Mapping[str, int] = field(default_factory=dict)
+    steps: int = 0
+    proc_state: str = ""
+
+
+@dataclass(frozen=True)
+class Progress:
+    """What the supervisor remembers of a job's progress between samples."""
+
+    # rank -> (its counts and steps as last seen, monotonic time they last changed)
+    seen: Mapping[int, tuple[tuple[tuple[str, int], ...], int, float]] = field(default_factory=dict)
+    steps: int | None = None  # the most any rank reported: the job's optimizer steps
+
+
+def observe(p: Progress, samples: Sequence[RankSample], now: float) -> Progress:
+    """The progress after one sample. A rank that did not answer keeps its last change time
+    (it did not move); a new rank starts its clock now."""
+    seen = dict(p.seen)
+    for s in samples:
+        if not s.answered:
+            seen.setdefault(s.rank, ((), 0, now))
+            continue
+        key = tuple(sorted(s.counts.items()))
+        old = seen.get(s.rank)
+        if old is None or old[0] != key or old[1] != s.steps:
+            seen[s.rank] = (key, s.steps, now)
+    answered = [s.steps for s in samples if s.answered]
+    steps = max(answered) if answered else p.steps
+    return Progress(seen=seen, steps=steps)
+
+
+def reset(p: Progress, now: float) -> Progress:
+    """Every rank's clock starts again (the job was frozen, thawed or restarted: a freeze
+    holds collectives on purpose)."""
+    return Progress(seen={r: (k, st, now) for r, (k, st, _) in p.seen.items()}, steps=p.steps)
+
+
+def stalled_for(p: Progress, now: float) -> float | None:
+    """Seconds since any rank last moved (None before the first sample)."""
+    if not p.seen:
+        return None
+    return now - max(t for _, _, t in p.seen.values())
+
+
+def hang(
+    p: Progress, samples: Sequence[RankSample], now: float, deadline_s: float
+) -> Failure | None:
+    if not samples or not p.seen:
+        return None
+    changed = [p.seen[s.rank][2] for s in samples if s.rank in p.seen]
+    if len(changed) < len(samples):
+        return None
+    newest = max(changed)
+    stalled_for = now - newest
+    if stalled_for < deadline_s:
+        return None
+    behind = behind_rank(samples)
+    who = f"rank {behind}" if behind is not None else "no single rank"
+    return Failure(
+        "hang",
+        f"no collective was issued on any rank for {stalled_for:.0f}s (deadline "
+        f"{deadline_s:.0f}s); {who} is the one the others wait for",
+        rank=behind,
+        detect_s=stalled_for,
+    )
+
+
+def behind_rank(samples: Sequence[RankSample]) -> int | None:
+    stopped = [s.rank for s in samples if s.proc_state in ("T", "t")]
+    if stopped:
+        return min(stopped)
+    silent = [s.rank for s in samples if not s.answered]
+    if silent:
+        return min(silent)
+    groups = sorted({g for s in samples for g in s.counts})
+    for g in groups:
+        have = {s.rank: s.counts[g] for s in samples if g in s.counts}
+        if len(set(have.values())) > 1:
+            low = min(have.values())
+            return min(r for r, n in have.items() if n == low)
+    return None
+
+
+# torch.distributed prefixes a rank's error output with "[rankN]: ".
+_PREFIX = re.compile(r"^\[rank\d+\]:\s?")
+_TRACEBACK = "Traceback (most recent call last):"
+
+
+def last_traceback(log_tail: str, limit: int = 4000) -> str:
+    """The last Python traceback in a rank's output (its final lines if there is none)."""
+    lines = [_PREFIX.sub("", ln) for ln in log_tail.rstrip().splitlines()]
+    starts = [i for i, ln in enumerate(lines) if ln.rstrip() == _TRACEBACK]
+    if not starts:
+        return "\n".join(lines[-10:])[-limit:]
+    out = [lines[starts[-1]]]
+    for ln in lines[starts[-1] + 1 :]:
+        out.append(ln)
+        # The exception line ends the block: the first non-indented line after the frames.
+        if ln and not ln.startswith((" ", "\t")):
+            break
+    return "\n".join(out)[-limit:]

@@ -1,0 +1,70 @@
+"""Draining one job off a node that is going away (preemption, maintenance).
+
+freeze   freeze-and-stop, bounded by the grace period (quiesce gets half of it)
+fallback the freeze did not commit in time: the job's newest committed snapshot is what
+         it resumes from (it keeps running until the node goes; a freeze still under way
+         may yet commit)
+thaw     --recover auto: thawed on healthy nodes (never a draining one)
+"""
+
+from __future__ import annotations
+
+import threading
+from typing import TYPE_CHECKING
+
+from snapshotter import errors
+from snapshotter.coordinator import snapshots
+from snapshotter.coordinator.decisions import recovery_nodes
+from snapshotter.v1 import coordinator_pb2
+
+if TYPE_CHECKING:
+    from snapshotter.coordinator.core import Coordinator, JobRecord
+
+pb = coordinator_pb2
+
+
+def drain_job(c: Coordinator, rec: JobRecord, node: str, grace_s: float) -> pb.DrainedJob:
+    job_id = rec.spec.job_id
+    out = pb.DrainedJob(job_id=job_id)
+    done: list[str] = []
+    failed: list[BaseException] = []
+
+    def freeze() -> None:
+        req = pb.FreezeRequest(job_id=job_id, stop=True, quiesce_timeout_s=max(grace_s / 2, 1.0))
+        try:
+            for ev in c.freeze(req):
+                if ev.HasField("done"):
+                    done.append(ev.done.snapshot_id)
+        except BaseException as e:  # noqa: BLE001 - reported as the fallback's reason
+            failed.append(e)
+
+    t = threading.Thread(target=freeze, daemon=True, name=f"drain-{job_id}")
+    t.start()
+    t.join(grace_s)
+    if done:
+        out.snapshot_id = done[0]
+        out.detail = f"frozen and stopped as {done[0]}"
+    else:
+        why = str(failed[0]) if failed else f"the freeze did not finish within {grace_s:.0f}s"
+        listed = snapshots.list_snapshots(c.store, job_id).snapshots
+        out.fallback = True
+        if listed:
+            out.snapshot_id = max(listed, key=lambda s: (s.created, s.snapshot_id)).snapshot_id
+            out.detail = f"{why}; falling back to its newest committed snapshot {out.snapshot_id}"
+        else:
+            out.detail = f"{why}; the job has no committed snapshot: it is lost with the node"
+    rec.life.add("preempted", cause="preempted", snapshot_id=out.snapshot_id,
+                 nodes=[node], detail=f"drain of {node}: {out.detail}")  # fmt: skip
+    if done and rec.recovers:
+        try:
+            nodes = recovery_nodes(rec.nodes, [node], c.live_agents(),
+                                   list(rec.spec.recovery.spares), c.draining)  # fmt: skip
+            for _ in c.thaw(pb.ThawRequest(snapshot_id=done[0], job_id=job_id, nodes=nodes)):
+                pass
+            out.thawed_on.extend(nodes)
+            c.job(job_id).life.add("recovered", cause="preempted", snapshot_id=done[0],
+                                   nodes=nodes, detail=f"thawed {done[0]} on {', '.join(nodes)} "
+                                   f"(drain of {node})")  # fmt: skip
+        except errors.SnapshotterError as e:
+            out.detail += f"; the thaw elsewhere failed: {e}"
+    return out

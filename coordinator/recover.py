@@ -1,0 +1,119 @@
+"""Automatic recovery of one failed job (`--recover auto`), run by the supervisor.
+
+    failure    recorded as an event (cause, rank or node, the rank's last traceback)
+    limit      K recoveries within the window already: give up, the job is FAILED with it
+    stop       whatever is left of the job is ended on every node that answers
+    choose     the newest committed snapshot; the job's healthy nodes, lost ones replaced
+               by spares or any other healthy agent (decisions.recovery_nodes)
+    thaw       under the same job id; the job trains on and `wait` keeps waiting
+    recovered  an event with the snapshot, the steps lost and the time it took
+
+A recovery that fails (no healthy node, a thaw error) is an event too; the job stays
+RECOVERING and the supervisor tries again on its next tick, within the same limit.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from typing import TYPE_CHECKING
+
+from snapshotter import errors
+from snapshotter.coordinator import detect, snapshots
+from snapshotter.coordinator import policy as policies
+from snapshotter.coordinator.agents import on_all
+from snapshotter.coordinator.decisions import (
+    DEFAULT_MAX_TRIES,
+    DEFAULT_WINDOW_S,
+    may_recover,
+    recovery_nodes,
+)
+from snapshotter.v1 import common_pb2, coordinator_pb2
+
+if TYPE_CHECKING:
+    from snapshotter.coordinator.core import Coordinator, JobRecord
+
+log = logging.getLogger(__name__)
+pb = coordinator_pb2
+LOG_TAIL_BYTES = 64 * 1024
+
+
+def recover(c: Coordinator, rec: JobRecord, failure: detect.Failure) -> None:
+    life = rec.life
+    job_id = rec.spec.job_id
+    t0 = time.monotonic()
+    first = not life.recovering
+    life.recovering = True
+    if first:
+        c.failures_seen += 1
+        if failure.rank is not None:
+            life.last_traceback = rank_traceback(c, rec, failure.rank) or life.last_traceback
+        nodes = [failure.node] if failure.node else []
+        life.add("failure", cause=failure.cause, detail=failure.detail, rank=failure.rank,
+                 detect_s=failure.detect_s, nodes=nodes)  # fmt: skip
+        log.warning("job %s failed: %s", job_id, failure.detail)
+    r = rec.spec.recovery
+    max_tries = r.max_tries or DEFAULT_MAX_TRIES
+    window = r.window_s or DEFAULT_WINDOW_S
+    if not may_recover(life.recoveries, time.time(), max_tries, window):
+        give_up(c, rec, f"{failure.detail}; it failed {max_tries} time(s) within "
+                        f"{window:.0f}s of a recovery, so it is not recovered again")  # fmt: skip
+        return
+    stop_rest(c, rec)
+    listed = snapshots.list_snapshots(c.store, job_id).snapshots
+    if not listed:
+        give_up(c, rec, f"{failure.detail}; the job has no committed snapshot to recover from")
+        return
+    snap = max(listed, key=lambda s: (s.created, s.snapshot_id)).snapshot_id
+    life.recoveries.append(time.time())  # an attempt counts, also one that fails
+    try:
+        # A node may have died since the failure was seen: ask them all again.
+        failed = sorted({*([failure.node] if failure.node else []), *c.unreachable(rec)})
+        nodes = recovery_nodes(rec.nodes, failed, c.live_agents(), list(r.spares), c.draining)
+        for _ in c.thaw(pb.ThawRequest(snapshot_id=snap, job_id=job_id, nodes=nodes),
+                        recovering=True):  # fmt: skip
+            pass
+    except errors.SnapshotterError as e:
+        life.add("recovery_failed", snapshot_id=snap, detail=str(e))
+        log.warning("recovery of job %s from %s failed: %s", job_id, snap, e)
+        return
+    now = time.monotonic()
+    at_snap = life.snapshot_steps.get(snap)
+    lost = None
+    if at_snap is not None and life.progress.steps is not None:
+        lost = max(life.progress.steps - at_snap, 0)
+    life.progress = detect.Progress(steps=at_snap)
+    life.policy_state = policies.reanchor(life.policy_state, now, at_snap)
+    life.recovering = False
+    life.add("recovered", cause=failure.cause, snapshot_id=snap, steps_lost=lost,
+             took_s=now - t0, nodes=nodes,
+             detail=f"thawed {snap} on {', '.join(nodes)}")  # fmt: skip
+    log.info("job %s recovered from %s on %s in %.1fs", job_id, snap, nodes, now - t0)
+
+
+def stop_rest(c: Coordinator, rec: JobRecord) -> None:
+    """End what is left of the job on every node that answers (a lost one cannot)."""
+    ref = common_pb2.JobRef(job_id=rec.spec.job_id)
+    on_all(c.job_handles(rec), lambda a: a.stub.Cancel(ref, timeout=60))
+
+
+def give_up(c: Coordinator, rec: JobRecord, why: str) -> None:
+    life = rec.life
+    stop_rest(c, rec)
+    tb = life.last_traceback
+    life.gave_up = why + (f"\nthe rank's last traceback:\n{tb}" if tb else "")
+    life.recovering = False
+    life.add("gave_up", detail=life.gave_up)
+    log.warning("job %s: recovery stopped: %s", rec.spec.job_id, why)
+
+
+def rank_traceback(c: Coordinator, rec: JobRecord, rank: int) -> str:
+    """The last traceback in the rank's output (empty if its node does not answer)."""
+    req = common_pb2.LogsRequest(job_id=rec.spec.job_id, rank=rank)
+    tail = b""
+    try:
+        for chunk in c.logs(req):
+            tail = (tail + chunk.data)[-LOG_TAIL_BYTES:]
+    except errors.SnapshotterError:
+        return ""
+    return detect.last_traceback(tail.decode(errors="replace"))

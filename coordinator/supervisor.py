@@ -1,0 +1,213 @@
+"""Keeps jobs running by themselves: policy snapshots, failure detection and recovery.
+
+One thread wakes every `tick_s` and looks at each job that has a snapshot policy or
+`--recover auto`. Per job, in this order:
+
+    busy       a freeze, thaw or our own worker holds the job: only its progress clock resets
+    failure    a rank failed, a node was lost, or the job hangs (detect.py): with --recover
+               auto, a recovery worker starts (recover.py)
+    policy     the next snapshot is due (policy.py): a freeze-and-continue worker starts,
+               then retention expires what the policy no longer keeps
+
+Decisions are the pure functions of policy.py, detect.py and decisions.py; this module only
+samples (agents' Status and Progress) and starts work, at most one worker per job at a time.
+"""
+
+from __future__ import annotations
+
+import logging
+import threading
+import time
+from collections.abc import Callable
+from typing import TYPE_CHECKING
+
+from snapshotter import errors
+from snapshotter.coordinator import detect, recover, snapshots
+from snapshotter.coordinator import policy as policies
+from snapshotter.coordinator.agents import on_all
+from snapshotter.coordinator.decisions import DEFAULT_HANG_DEADLINE_S, JobPhase
+from snapshotter.rpc import convert
+from snapshotter.v1 import common_pb2, coordinator_pb2
+
+if TYPE_CHECKING:
+    from snapshotter.coordinator.core import Coordinator, JobRecord
+
+log = logging.getLogger(__name__)
+pb = coordinator_pb2
+# Every live rank's hook answers `prepare` at once from its control thread (also while its
+# training thread waits in a collective); one that does not within this is stopped or hung,
+# and the policy's freeze gives up soon, so that hang detection can look again.
+POLICY_PREPARE_TIMEOUT_S = 5.0
+
+
+def policy_of(rec: JobRecord) -> policies.Policy:
+    return policies.Policy.from_dict(convert.plain(rec.spec.policy))
+
+
+class Supervisor:
+    def __init__(
+        self, c: Coordinator, tick_s: float = 1.0, clock: Callable[[], float] = time.monotonic
+    ) -> None:
+        self.c = c
+        self.tick_s = tick_s
+        self.clock = clock
+        self._stop = threading.Event()
+        self._thread: threading.Thread | None = None
+
+    def start(self) -> None:
+        self._thread = threading.Thread(target=self._loop, daemon=True, name="supervisor")
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+        if self._thread is not None:
+            self._thread.join(timeout=10)
+
+    def _loop(self) -> None:
+        while not self._stop.wait(self.tick_s):
+            try:
+                self.tick()
+            except Exception:  # noqa: BLE001 - the loop must outlive any one bad tick
+                log.exception("supervisor tick failed")
+
+    def tick(self) -> None:
+        for rec in self.c.supervised():
+            try:
+                self._job(rec)
+            except errors.SnapshotterError as e:
+                log.warning("supervising job %s: %s", rec.spec.job_id, e)
+
+    # ---- one job ---------------------------------------------------------------------------
+
+    def _job(self, rec: JobRecord) -> None:
+        life = rec.life
+        now = self.clock()
+        if life.busy() or rec.busy is not None:
+            return  # a freeze or thaw resets the progress clocks when it succeeds
+        views = self.c.node_views(rec)
+        phase = self.c.phase_of(rec, views)
+        failure: detect.Failure | None = None
+        if phase is JobPhase.RECOVERING or phase is JobPhase.RUNNING:
+            codes = {r.rank: (r.exit_code if r.HasField("exit_code") else None)
+                     for v in views for r in v.ranks}  # fmt: skip
+            first = [r.rank for v in views for r in v.ranks if r.failed_first]
+            failure = detect.rank_failure(codes, first)
+            lost = detect.lost_nodes(rec.nodes, self.c.live_agents())
+            why = f"no heartbeat for {self.c.agent_ttl:.0f}s"
+            if not lost and failure is not None:
+                # Ranks failed: because their node died (its peers' connections reset first)?
+                lost, why = self.c.unreachable(rec), "its agent does not answer"
+            if lost:
+                failure = detect.Failure(
+                    "node_lost", f"node {lost[0]} is lost ({why})", node=lost[0],
+                    detect_s=self.c.heartbeat_age(lost[0]),
+                )  # fmt: skip
+            if failure is None and phase is JobPhase.RECOVERING and not life.recovering:
+                failure = detect.Failure("rank_exit", "the job's ranks failed")
+        if failure is None and phase is JobPhase.RUNNING:
+            failure = self._sample(rec, now)
+        if failure is not None:
+            if rec.recovers and not life.gave_up and not life.cancelled:
+                self._start(rec, "recover", lambda: recover.recover(self.c, rec, failure))
+            return
+        if phase is not JobPhase.RUNNING:
+            return
+        pol = policy_of(rec)
+        if not pol.active:
+            return
+        interval = self._interval(rec, pol)
+        steps = life.progress.steps
+        life.policy_state = policies.normalize(life.policy_state, now, steps)
+        if not policies.decide(pol, life.policy_state, now, steps, interval).due:
+            return
+        stalled = detect.stalled_for(life.progress, now)
+        deadline = rec.spec.recovery.hang_deadline_s or DEFAULT_HANG_DEADLINE_S
+        if rec.recovers and stalled is not None and stalled >= min(deadline / 2, 60.0):
+            # It may be hanging: a freeze would wait on it and hide the hang; let detection
+            # decide first.
+            return
+        self._start(rec, "snapshot", lambda: self._snapshot(rec, pol))
+
+    def _sample(self, rec: JobRecord, now: float) -> detect.Failure | None:
+        """Sample every rank's progress (for the step rule and hang detection)."""
+        pol = policy_of(rec)
+        if pol.every_steps is None and not rec.recovers:
+            return None
+        ref = common_pb2.JobRef(job_id=rec.spec.job_id)
+        out = on_all(self.c.job_handles(rec), lambda a: a.stub.Progress(ref, timeout=5))
+        if out.failures or any(p.busy for p in out.results.values()):
+            return None
+        samples = [
+            detect.RankSample(rank=r.rank, answered=r.answered, counts=dict(r.counts),
+                              steps=r.steps, proc_state=r.proc_state)
+            for p in out.results.values() for r in p.ranks if not r.HasField("exit_code")
+        ]  # fmt: skip
+        rec.life.progress = detect.observe(rec.life.progress, samples, now)
+        if not rec.recovers:
+            return None
+        deadline = rec.spec.recovery.hang_deadline_s or DEFAULT_HANG_DEADLINE_S
+        return detect.hang(rec.life.progress, samples, now, deadline)
+
+    def _interval(self, rec: JobRecord, pol: policies.Policy) -> float | None:
+        if not pol.auto:
+            return pol.every_s
+        return self.c.auto_inputs(rec).interval_s
+
+    def _start(self, rec: JobRecord, what: str, fn: Callable[[], None]) -> None:
+        def run() -> None:
+            try:
+                fn()
+            except Exception:  # noqa: BLE001 - reported as the job's event, never lost
+                log.exception("%s of job %s failed", what, rec.spec.job_id)
+
+        t = threading.Thread(target=run, daemon=True, name=f"{what}-{rec.spec.job_id}")
+        rec.life.worker = t
+        t.start()
+
+    # ---- policy snapshots ------------------------------------------------------------------
+
+    def _snapshot(self, rec: JobRecord, pol: policies.Policy) -> None:
+        life = rec.life
+        steps = life.progress.steps
+        life.policy_state = policies.started(life.policy_state, self.clock(), steps)
+        t0 = time.monotonic()
+        try:
+            done = None
+            req = pb.FreezeRequest(job_id=rec.spec.job_id)
+            for ev in self.c.freeze(req, prepare_timeout=POLICY_PREPARE_TIMEOUT_S):
+                if ev.HasField("done"):
+                    done = ev.done
+        except errors.SnapshotterError as e:
+            life.policy_state = policies.finished(
+                life.policy_state, self.clock(), steps, ok=False, error=e.cause
+            )
+            life.add("snapshot_failed", detail=str(e))
+            return
+        life.policy_state = policies.finished(life.policy_state, self.clock(), steps, ok=True)
+        assert done is not None
+        stall = done.stats.stall_s if done.stats.HasField("stall_s") else 0.0
+        life.add("snapshot", snapshot_id=done.snapshot_id, took_s=time.monotonic() - t0,
+                 detail=f"policy ({pol.describe()}); the job stalled {stall:.2f}s")  # fmt: skip
+        self.expire(rec, pol)
+
+    def expire(self, rec: JobRecord, pol: policies.Policy) -> list[str]:
+        """Delete the job's committed snapshots its policy no longer keeps (never one a thaw
+        reads or a freeze writes, never the newest)."""
+        listed = snapshots.list_snapshots(self.c.store, rec.spec.job_id).snapshots
+        protected = self.c.protected()
+        gone = policies.to_expire(
+            [(s.snapshot_id, s.created) for s in listed], pol, time.time(), protected
+        )
+        deleted = []
+        for sid in gone:
+            try:
+                snapshots.delete(self.c.store, sid)
+            except errors.SnapshotterError as e:
+                log.warning("could not expire snapshot %s: %s", sid, e)
+                continue
+            deleted.append(sid)
+            if sid in rec.snapshots:
+                rec.snapshots.remove(sid)
+        if deleted:
+            rec.life.add("expired", detail=f"retention ({pol.describe()}): {', '.join(deleted)}")
+        return deleted

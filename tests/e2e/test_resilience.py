@@ -1,0 +1,205 @@
+"""The job keeps running by itself (real CRIU, real ranks, the embedded daemon):
+
+- a snapshot policy takes snapshots on schedule and retention keeps K of them;
+- kill -9 of a rank under --recover auto: thawed from its newest snapshot, finished with the
+  parameters of an uninterrupted run, the recovery reported as an event;
+- a rank stopped with SIGSTOP (a hang): named within the deadline and recovered;
+- a bug that comes back after every thaw: given up after K recoveries, with the traceback;
+- SIGTERM to a foreground `run` (preemption): frozen and stopped within the grace period; the
+  snapshot thaws bit-identically.
+
+One daemon serves every case (module fixture): start-up is paid once.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from tests.conftest import skip_without_criu
+from tests.support.cli import ROOT, TRAIN, SnapCli, read_result
+from tests.support.soak import rank_process
+
+pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
+STEPS = "400"
+PACE = ("--step-sleep", "0.1")
+
+
+@pytest.fixture(scope="module")
+def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SnapCli]:
+    skip_without_criu()
+    c = SnapCli(tmp_path_factory.mktemp("resilience"), {"SNAPSHOTTER_SUPERVISE_S": "0.5"})
+    try:
+        c.run("jobs")  # the daemon starts here, in the module's scope, not in a test's
+        yield c
+    finally:
+        c.close()
+
+
+@pytest.fixture(scope="module")
+def reference(cli: SnapCli, tmp_path_factory: pytest.TempPathFactory) -> str:
+    """The digest of an uninterrupted run (the same job and flags, no failure)."""
+    out = tmp_path_factory.mktemp("ref") / "ref.json"
+    job = cli.start_job(out, "--steps", STEPS)
+    assert cli.wait(job)["state"] == "SUCCEEDED"
+    return str(read_result(out)["digest"])
+
+
+def _events(cli: SnapCli, job: str) -> list[dict[str, Any]]:
+    evs: list[dict[str, Any]] = cli.json("events", job)["events"]
+    return evs
+
+
+def _until(what: str, cond: Callable[[], Any], timeout: float = 180) -> Any:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        v = cond()
+        if v:
+            return v
+        time.sleep(0.3)
+    raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
+
+
+def _rank(cli: SnapCli, job: str, rank: int) -> int:
+    init = next(r["pid"] for r in cli.json("status", job)["ranks"] if r["rank"] == rank)
+    pid = rank_process(init)
+    assert pid is not None, f"rank {rank} of {job} has no process"
+    return pid
+
+
+def _run(cli: SnapCli, out: Path, *flags: str, train: tuple[str, ...] = ()) -> str:
+    p = cli.run("run", "--detach", "--nproc-per-node", "2", *flags, str(TRAIN),
+                "--out", str(out), "--steps", STEPS, *PACE, *train)  # fmt: skip
+    return p.stdout.strip().splitlines()[-1]
+
+
+def test_policy_snapshots_retention_and_recovery_of_a_killed_rank(
+    cli: SnapCli, reference: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out.json"
+    job = _run(cli, out, "--snapshot-every", "5s", "--keep", "2", "--recover", "auto")
+    st = cli.json("status", job)
+    assert st["policy"]["every_s"] == 5.0 and st["policy"]["keep"] == 2
+    assert st["recovery"]["mode"] == "auto"
+
+    def snaps() -> list[dict[str, Any]]:
+        return [e for e in _events(cli, job) if e["kind"] == "snapshot"]
+
+    _until("three policy snapshots", lambda: len(snaps()) >= 3)
+    kept = cli.json("list", "--job", job)["snapshots"]
+    taken = {e["snapshot_id"] for e in snaps()}
+    # Retention: only the newest 2 remain, every one of them a policy snapshot.
+    assert 1 <= len(kept) <= 2, kept
+    assert {s["snapshot_id"] for s in kept} <= taken
+    assert any(e["kind"] == "expired" for e in _events(cli, job))
+    shown = cli.json("policy", "show", job)
+    assert shown["interval_s"] == 5.0 and "every 5s" in shown["describe"]
+
+    killed_at = time.time()
+    os.kill(_rank(cli, job, 1), signal.SIGKILL)
+    recovered = _until("the recovery", lambda: [e for e in _events(cli, job)
+                                                 if e["kind"] == "recovered"])  # fmt: skip
+    final = cli.wait(job)
+    assert final["state"] == "SUCCEEDED", final
+    assert read_result(out)["digest"] == reference
+    evs = _events(cli, job)
+    failure = next(e for e in evs if e["kind"] == "failure")
+    assert failure["cause"] == "rank_signal" and failure["rank"] == 1, failure
+    assert failure["time"] - killed_at < 10  # detected within a few supervisor ticks
+    assert recovered[0]["snapshot_id"] in taken and recovered[0]["took_s"] > 0
+    assert final["recoveries"] == 1
+    print(f"\n[resilience] kill -9 detected after {failure['time'] - killed_at:.2f}s, "
+          f"recovered in {recovered[0]['took_s']:.2f}s, steps lost "
+          f"{recovered[0].get('steps_lost')}")  # fmt: skip
+
+
+def test_a_bug_after_every_thaw_is_given_up_with_its_traceback(
+    cli: SnapCli, tmp_path: Path
+) -> None:
+    bug = ("--crash-at", "150", "--crash-rank", "1")
+    job = _run(cli, tmp_path / "out.json", "--snapshot-every", "5s", "--recover", "auto",
+               "--max-recoveries", "2", train=bug)  # fmt: skip
+    final = cli.wait(job, timeout=600)
+    assert final["state"] == "FAILED", final
+    assert final["exit_code"] != 0
+    kinds = [e["kind"] for e in _events(cli, job)]
+    assert kinds.count("recovered") == 2, kinds
+    assert kinds[-1] == "gave_up", kinds
+    assert "injected bug at step 150 on rank 1" in final["gave_up"], final["gave_up"]
+    assert "Traceback (most recent call last)" in final["gave_up"]
+    p = cli.run("status", job)
+    assert "recovery stopped" in p.stdout and "injected bug" in p.stdout
+
+
+def test_sigterm_to_a_foreground_run_freezes_and_stops_it(
+    cli: SnapCli, reference: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out.json"
+    fg = subprocess.Popen(
+        [sys.executable, "-m", "snapshotter", "run", "--nproc-per-node", "2", "--job-id",
+         "preempted", "--preempt-grace", "10", str(TRAIN), "--out", str(out), "--steps", STEPS,
+         *PACE],
+        env=cli.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        cli.wait_step("preempted", 40)
+        fg.send_signal(signal.SIGTERM)
+        stdout, stderr = fg.communicate(timeout=120)
+    finally:
+        if fg.poll() is None:
+            fg.kill()
+    assert fg.returncode == 0, stderr
+    assert "frozen and stopped" in stdout, stdout[-2000:]
+    sid = stdout.strip().splitlines()[-1]
+    assert cli.json("status", "preempted")["state"] == "FROZEN"
+    assert cli.json("thaw", sid)["job_id"] == "preempted"
+    assert cli.wait("preempted")["state"] == "SUCCEEDED"
+    assert read_result(out)["digest"] == reference
+
+
+def test_flags_are_checked_before_anything_starts(cli: SnapCli) -> None:
+    for flags, needle in (
+        (("--snapshot-every", "2s"), "--snapshot-every"),
+        (("--snapshot-every", "soon"), "--snapshot-every"),
+        (("--keep", "0"), "--keep"),
+        (("--spares", "n1"), "--recover auto"),
+        (("--recover", "auto", "--hang-deadline", "-3"), "--hang-deadline"),
+    ):
+        p = cli.run("run", "--detach", *flags, str(TRAIN), check=False)
+        assert p.returncode == 2, (flags, p.stderr)
+        assert needle in p.stderr and "Traceback" not in p.stderr, (flags, p.stderr)
+    p = cli.run("policy", "set", "no-such-job", "--keep", "3", check=False)
+    assert p.returncode != 0 and "no-such-job" in p.stderr and "Traceback" not in p.stderr
+    running = [j for j in json.loads(cli.run("jobs", "--json").stdout)["jobs"]
+               if j["state"] == "RUNNING"]  # fmt: skip
+    assert running == []  # nothing was started by a refused run
+
+
+def test_a_stopped_rank_is_a_hang_named_within_the_deadline_and_recovered(
+    cli: SnapCli, reference: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out.json"
+    job = _run(cli, out, "--snapshot-every", "5s", "--recover", "auto", "--hang-deadline", "8")
+    _until("a policy snapshot",
+           lambda: any(e["kind"] == "snapshot" for e in _events(cli, job)))  # fmt: skip
+    stopped_at = time.time()
+    os.kill(_rank(cli, job, 1), signal.SIGSTOP)
+    failure = _until("the hang", lambda: next(
+        (e for e in _events(cli, job) if e["kind"] == "failure"), None))  # fmt: skip
+    assert failure["cause"] == "hang" and failure["rank"] == 1, failure
+    took = failure["time"] - stopped_at
+    assert 8 <= took < 30, took  # not before the deadline; soon after it
+    final = cli.wait(job)
+    assert final["state"] == "SUCCEEDED", final
+    assert read_result(out)["digest"] == reference
+    assert [e["kind"] for e in _events(cli, job)].count("recovered") == 1
+    print(f"\n[resilience] SIGSTOP detected as a hang after {took:.2f}s (deadline 8s)")
