@@ -14,9 +14,10 @@ import os
 import threading
 import time
 from collections.abc import Callable, Iterator
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
+from typing import Any
 
-from snapshotter import __version__, errors, parallel
+from snapshotter import __version__, errors
 from snapshotter.agent.retention import jobs_to_forget
 from snapshotter.coordinator import detect
 from snapshotter.coordinator import policy as policies
@@ -99,14 +100,8 @@ class Coordinator:
         """An agent announces itself (at start, then as a heartbeat). A new, moved or restarted
         agent gets a new handle (a fresh connection) and is asked for its jobs, so a restarted
         coordinator re-learns what runs where."""
-        who = caller()
-        if who is not None and who.via == "certificate" and who.name != req.name:
-            raise errors.PermissionDenied(
-                f"node certificate {who.name!r} may not register as node {req.name!r}",
-                "start the agent with --name matching its certificate",
-                right="REGISTER",
-                identity=str(who),
-            )
+        who = node_caller(req.name, "register as", "start the agent with --name matching its "
+                           "certificate")  # fmt: skip
         if who is not None and who.role not in (Role.NODE, Role.ROOT):
             log.warning("agent %s registered by %s", req.name, who)
         seen = time.monotonic() if req.heartbeat else None
@@ -148,8 +143,19 @@ class Coordinator:
                 if rec is None:
                     rec = JobRecord(spec=spec, nodes=[""] * spec.nnodes)
                     self._jobs[spec.job_id] = rec
+                stale = (
+                    j.state == "RUNNING" and 0 <= j.node_rank < len(rec.nodes)
+                    and rec.nodes[j.node_rank] not in ("", agent.name)
+                )  # fmt: skip
                 if 0 <= j.node_rank < len(rec.nodes) and not rec.nodes[j.node_rank]:
                     rec.nodes[j.node_rank] = agent.name
+            if stale:
+                # The job moved on without this node (recovered elsewhere while its agent was
+                # down): what the node still runs of it has truly lost its job.
+                log.warning("job %s runs on %s now; ending its old ranks on %s",
+                            spec.job_id, rec.nodes[j.node_rank], agent.name)  # fmt: skip
+                agent.stub.Cancel(common_pb2.JobRef(job_id=spec.job_id), timeout=60)
+                continue
             if learned:
                 if by_job is None:
                     from snapshotter.coordinator.snapshots import list_snapshots
@@ -322,7 +328,9 @@ class Coordinator:
     def node_views(self, rec: JobRecord) -> list[agent_pb2.NodeJob]:
         return self._node_views(rec)
 
-    def phase_of(self, rec: JobRecord, views: list[agent_pb2.NodeJob]) -> JobPhase:
+    def phase_of(
+        self, rec: JobRecord, views: list[agent_pb2.NodeJob] | None = None
+    ) -> JobPhase:
         return self._phase(rec, views)
 
     def job_handles(self, rec: JobRecord) -> list[AgentHandle]:
@@ -463,91 +471,18 @@ class Coordinator:
         rec = self._job(job_id)
         return pb.EventList(job_id=job_id, events=rec.life.newest(len(rec.life.events)))
 
-    def set_policy(self, req: pb.SetPolicyRequest) -> pb.PolicyInfo:
-        rec = self._job(req.job_id)
-        if req.clear:
-            new = policies.Policy()
-        else:
-            old = policies.Policy.from_dict(convert.plain(rec.spec.policy))
-            given = req.policy
-            new = policies.merge(
-                old,
-                every_s=given.every_s if given.HasField("every_s") else None,
-                auto=given.auto if req.every_given else None,
-                every_steps=given.every_steps if given.HasField("every_steps") else None,
-                keep=given.keep if given.HasField("keep") else None,
-                keep_hourly_days=given.keep_hourly_days
-                if given.HasField("keep_hourly_days") else None,
-                keep_daily_days=given.keep_daily_days
-                if given.HasField("keep_daily_days") else None,
-            )  # fmt: skip
-        policies.check(new)
-        rec.spec = rec.spec.with_policy(convert.parse(new.to_dict(), common_pb2.Policy))
-        rec.life.policy_state = policies.reanchor(
-            rec.life.policy_state, time.monotonic(), rec.life.progress.steps
-        )
-        rec.life.add("policy", detail=new.describe())
-        return self.show_policy(req.job_id)
-
-    def show_policy(self, job_id: str) -> pb.PolicyInfo:
-        rec = self._job(job_id)
-        pol = policies.Policy.from_dict(convert.plain(rec.spec.policy))
-        life = rec.life
-        info = pb.PolicyInfo(job_id=job_id, policy=rec.spec.policy, describe=pol.describe(),
-                             failures=life.policy_state.failures,
-                             last_error=life.policy_state.last_error)  # fmt: skip
-        interval = pol.every_s
-        if pol.auto:
-            auto = self.auto_inputs(rec)
-            interval = auto.interval_s
-            info.auto.CopyFrom(convert.parse(asdict(auto), pb.AutoInterval))
-        if interval is not None:
-            info.interval_s = interval
-        steps = life.progress.steps
-        if steps is not None:
-            info.steps = steps
-        if life.policy_state.anchor_steps is not None:
-            info.anchor_steps = life.policy_state.anchor_steps
-        now = time.monotonic()
-        state = policies.normalize(life.policy_state, now, steps)
-        due = policies.decide(pol, state, now, steps, interval)
-        info.state = due.reason
-        if due.wait_s is not None:
-            info.next_in_s = due.wait_s
-        return info
-
-    def drain(self, req: pb.DrainRequest) -> pb.DrainReply:
-        """Every running job on `node` is frozen and stopped within the grace period, or
-        falls back to its newest committed snapshot; with --recover auto it is thawed on
-        other nodes. Nothing new is placed on the node from now on."""
-        from snapshotter.coordinator.drain import drain_job
-
-        node = req.node
+    def registered(self, node: str) -> bool:
         with self._lock:
-            known = node in self._agents
-            recs = [r for r in self._jobs.values() if node in r.nodes]
-        if not known:
-            raise errors.InvalidArgument(f"no node {node!r} is registered",
-                                         "`snapshotter nodes` lists them")  # fmt: skip
-        if req.undo:
-            self.undrain(node)
-            return pb.DrainReply(node=node)
-        grace = req.grace_s if req.HasField("grace_s") else 30.0
-        if grace <= 0:
-            raise errors.InvalidArgument(f"--grace {grace} must be positive", "give seconds > 0")
+            return node in self._agents
+
+    def jobs_on(self, node: str) -> list[JobRecord]:
+        with self._lock:
+            return [r for r in self._jobs.values() if node in r.nodes]
+
+    def drain_mark(self, node: str) -> None:
+        """Nothing new is placed on `node` (`undrain` undoes it)."""
         with self._lock:
             self.draining.add(node)
-        running = [r for r in recs if self._phase(r) is JobPhase.RUNNING]
-        out = parallel.each(running, lambda r: drain_job(self, r, node, grace),
-                            key=lambda r: r.spec.job_id, name="drain")  # fmt: skip
-        reply = pb.DrainReply(node=node)
-        for r in running:
-            j = r.spec.job_id
-            if j in out.results:
-                reply.jobs.append(out.results[j])
-            else:
-                reply.jobs.append(pb.DrainedJob(job_id=j, detail=str(out.failures[j])))
-        return reply
 
     def undrain(self, node: str) -> None:
         with self._lock:
@@ -652,6 +587,17 @@ class Coordinator:
             rec.busy = None
             with self._lock:
                 self.reading.discard(snap)
+
+
+def node_caller(node: str, what: str, next_step: str) -> Any:
+    """The caller, refused when it holds a node certificate of another node than `node`."""
+    who = caller()
+    if who is not None and who.via == "certificate" and who.name != node:
+        raise errors.PermissionDenied(
+            f"node certificate {who.name!r} may not {what} node {node!r}", next_step,
+            right="REGISTER", identity=str(who),
+        )  # fmt: skip
+    return who
 
 
 def _has_policy(rec: JobRecord) -> bool:

@@ -82,6 +82,9 @@ class Progress:
     # rank -> (its counts and steps as last seen, monotonic time they last changed)
     seen: Mapping[int, tuple[tuple[tuple[str, int], ...], int, float]] = field(default_factory=dict)
     steps: int | None = None  # the most any rank reported: the job's optimizer steps
+    # Some rank ever answered a progress query: ranks whose hook predates the query (thawed
+    # from an old snapshot) never do, and silence alone is no hang.
+    answering: bool = False
 
 
 def observe(p: Progress, samples: Sequence[RankSample], now: float) -> Progress:
@@ -98,13 +101,14 @@ def observe(p: Progress, samples: Sequence[RankSample], now: float) -> Progress:
             seen[s.rank] = (key, s.steps, now)
     answered = [s.steps for s in samples if s.answered]
     steps = max(answered) if answered else p.steps
-    return Progress(seen=seen, steps=steps)
+    return Progress(seen=seen, steps=steps, answering=p.answering or bool(answered))
 
 
 def reset(p: Progress, now: float) -> Progress:
     """Every rank's clock starts again (the job was frozen, thawed or restarted: a freeze
     holds collectives on purpose)."""
-    return Progress(seen={r: (k, st, now) for r, (k, st, _) in p.seen.items()}, steps=p.steps)
+    return Progress(seen={r: (k, st, now) for r, (k, st, _) in p.seen.items()}, steps=p.steps,
+                    answering=p.answering)
 
 
 def stalled_for(p: Progress, now: float) -> float | None:
@@ -117,7 +121,7 @@ def stalled_for(p: Progress, now: float) -> float | None:
 def hang(
     p: Progress, samples: Sequence[RankSample], now: float, deadline_s: float
 ) -> Failure | None:
-    if not samples or not p.seen:
+    if not samples or not p.seen or not p.answering:
         return None
     changed = [p.seen[s.rank][2] for s in samples if s.rank in p.seen]
     if len(changed) < len(samples):

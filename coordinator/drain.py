@@ -12,9 +12,10 @@ from __future__ import annotations
 import threading
 from typing import TYPE_CHECKING
 
-from snapshotter import errors
+from snapshotter import errors, parallel
 from snapshotter.coordinator import snapshots
-from snapshotter.coordinator.decisions import recovery_nodes
+from snapshotter.coordinator.core import node_caller
+from snapshotter.coordinator.decisions import JobPhase, recovery_nodes
 from snapshotter.v1 import coordinator_pb2
 
 if TYPE_CHECKING:
@@ -68,3 +69,42 @@ def drain_job(c: Coordinator, rec: JobRecord, node: str, grace_s: float) -> pb.D
         except errors.SnapshotterError as e:
             out.detail += f"; the thaw elsewhere failed: {e}"
     return out
+
+
+def drain_node(c: Coordinator, req: pb.DrainRequest) -> pb.DrainReply:
+    """Every running job on `node` is frozen and stopped within the grace period, or
+    falls back to its newest committed snapshot; with --recover auto it is thawed on
+    other nodes. Nothing new is placed on the node from now on."""
+    node = req.node
+    if not c.registered(node):
+        raise errors.InvalidArgument(f"no node {node!r} is registered",
+                                     "`snapshotter nodes` lists them")  # fmt: skip
+    if req.undo:
+        c.undrain(node)
+        return pb.DrainReply(node=node)
+    grace = req.grace_s if req.HasField("grace_s") else 30.0
+    if grace <= 0:
+        raise errors.InvalidArgument(f"--grace {grace} must be positive", "give seconds > 0")
+    c.drain_mark(node)
+    running = [r for r in c.jobs_on(node) if c.phase_of(r) is JobPhase.RUNNING]
+    out = parallel.each(running, lambda r: drain_job(c, r, node, grace),
+                        key=lambda r: r.spec.job_id, name="drain")  # fmt: skip
+    reply = pb.DrainReply(node=node)
+    for r in running:
+        j = r.spec.job_id
+        if j in out.results:
+            reply.jobs.append(out.results[j])
+        else:
+            reply.jobs.append(pb.DrainedJob(job_id=j, detail=str(out.failures[j])))
+    return reply
+
+
+def drain_self(c: Coordinator, req: pb.DrainRequest) -> pb.DrainReply:
+    """An agent drains its own node before it stops; a node certificate drains only
+    the node it names."""
+    node_caller(req.node, "drain", "an agent drains only its own node")
+    if req.undo:
+        raise errors.InvalidArgument(
+            "an agent cannot undo a drain", "use `snapshotter drain NODE --undo`"
+        )
+    return drain_node(c, req)

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from snapshotter import errors
-from snapshotter.coordinator import snapshots
+from snapshotter.coordinator import drain, snapshots, supervisor
 from snapshotter.coordinator.core import Coordinator
 from snapshotter.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
@@ -66,13 +66,16 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         return self.c.events(req.job_id)
 
     def SetPolicy(self, req: pb.SetPolicyRequest, ctx: Any) -> pb.PolicyInfo:
-        return self.c.set_policy(req)
+        return supervisor.set_policy(self.c, req)
 
     def ShowPolicy(self, req: common_pb2.JobRef, ctx: Any) -> pb.PolicyInfo:
-        return self.c.show_policy(req.job_id)
+        return supervisor.show_policy(self.c, req.job_id)
 
     def Drain(self, req: pb.DrainRequest, ctx: Any) -> pb.DrainReply:
-        return self.c.drain(req)
+        return drain.drain_node(self.c, req)
+
+    def DrainSelf(self, req: pb.DrainRequest, ctx: Any) -> pb.DrainReply:
+        return drain.drain_self(self.c, req)
 
     def Freeze(self, req: pb.FreezeRequest, ctx: Any) -> Iterator[pb.FreezeEvent]:
         return self.c.freeze(req)

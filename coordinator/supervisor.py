@@ -19,6 +19,7 @@ import logging
 import threading
 import time
 from collections.abc import Callable
+from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from snapshotter import errors
@@ -211,3 +212,62 @@ class Supervisor:
         if deleted:
             rec.life.add("expired", detail=f"retention ({pol.describe()}): {', '.join(deleted)}")
         return deleted
+
+
+# ---- the policy's RPCs -------------------------------------------------------------------
+
+
+def set_policy(c: Coordinator, req: pb.SetPolicyRequest) -> pb.PolicyInfo:
+    """`policy set|clear`: only the fields given change; the interval counts from now."""
+    rec = c.job(req.job_id)
+    if req.clear:
+        new = policies.Policy()
+    else:
+        old = policies.Policy.from_dict(convert.plain(rec.spec.policy))
+        given = req.policy
+        new = policies.merge(
+            old,
+            every_s=given.every_s if given.HasField("every_s") else None,
+            auto=given.auto if req.every_given else None,
+            every_steps=given.every_steps if given.HasField("every_steps") else None,
+            keep=given.keep if given.HasField("keep") else None,
+            keep_hourly_days=given.keep_hourly_days
+            if given.HasField("keep_hourly_days") else None,
+            keep_daily_days=given.keep_daily_days
+            if given.HasField("keep_daily_days") else None,
+        )  # fmt: skip
+    policies.check(new)
+    rec.spec = rec.spec.with_policy(convert.parse(new.to_dict(), common_pb2.Policy))
+    rec.life.policy_state = policies.reanchor(
+        rec.life.policy_state, time.monotonic(), rec.life.progress.steps
+    )
+    rec.life.add("policy", detail=new.describe())
+    return show_policy(c, req.job_id)
+
+def show_policy(c: Coordinator, job_id: str) -> pb.PolicyInfo:
+    """`policy show`: the policy, the inputs of its interval, and why it is due or not."""
+    rec = c.job(job_id)
+    pol = policies.Policy.from_dict(convert.plain(rec.spec.policy))
+    life = rec.life
+    info = pb.PolicyInfo(job_id=job_id, policy=rec.spec.policy, describe=pol.describe(),
+                         failures=life.policy_state.failures,
+                         last_error=life.policy_state.last_error)  # fmt: skip
+    interval = pol.every_s
+    if pol.auto:
+        auto = c.auto_inputs(rec)
+        interval = auto.interval_s
+        info.auto.CopyFrom(convert.parse(asdict(auto), pb.AutoInterval))
+    if interval is not None:
+        info.interval_s = interval
+    steps = life.progress.steps
+    if steps is not None:
+        info.steps = steps
+    if life.policy_state.anchor_steps is not None:
+        info.anchor_steps = life.policy_state.anchor_steps
+    now = time.monotonic()
+    state = policies.normalize(life.policy_state, now, steps)
+    due = policies.decide(pol, state, now, steps, interval)
+    info.state = due.reason
+    if due.wait_s is not None:
+        info.next_in_s = due.wait_s
+    return info

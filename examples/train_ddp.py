@@ -7,7 +7,9 @@ last loss) to --out, which is how runs are compared bit for bit.
 Options for benchmarks and tests: --step-sleep slows every step (a stand-in for a bigger model),
 --pause-at/--pause-s makes a long phase without collectives, --ckpt/--ckpt-every/--resume are
 the application checkpoint a cold restart would use, --crash-at N makes --crash-rank fail with
-a Python exception at step N (a bug that comes back after every restore).
+a Python exception at step N (a bug that comes back after every restore), --startup-s stands
+for a real job's start-up (imports, data preparation, model build), --stamp adds the wall time
+to every step line.
 """
 
 from __future__ import annotations
@@ -66,10 +68,14 @@ def main() -> None:
     ap.add_argument("--ckpt", default="")
     ap.add_argument("--ckpt-every", type=int, default=0)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--startup-s", type=float, default=0.0)
+    ap.add_argument("--stamp", action="store_true")
     ap.add_argument("--crash-at", type=int, default=-1)
     ap.add_argument("--crash-rank", type=int, default=0)
     a = ap.parse_args()
 
+    if a.startup_s:
+        time.sleep(a.startup_s)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(42 + rank)  # dropout differs per rank, deterministically
@@ -122,7 +128,8 @@ def main() -> None:
             if t_first is None:
                 t_first = time.time()
                 print(f"rank {rank} first step at {t_first:.6f}", flush=True)
-            print(f"rank {rank} step {step} loss {loss.item():.6f}", flush=True)
+            stamp = f" t={time.time():.6f}" if a.stamp else ""
+            print(f"rank {rank} step {step} loss {loss.item():.6f}{stamp}", flush=True)
             if a.step_sleep:
                 time.sleep(a.step_sleep)
             if a.ckpt and a.ckpt_every and step % a.ckpt_every == 0 and rank == 0:

@@ -35,8 +35,10 @@ from snapshotter.agent.retention import Retention
 from snapshotter.config import Paths, default_home, keep_jobs, store_url
 from snapshotter.coordinator import service as coordinator_service
 from snapshotter.coordinator.core import Coordinator
+from snapshotter.coordinator.drain import drain_node
 from snapshotter.coordinator.epoch import take_token
 from snapshotter.coordinator.supervisor import Supervisor
+from snapshotter.keeper import ENV as KEEPER_ENV
 from snapshotter.rpc.client import Target, coordinator_client
 from snapshotter.rpc.server import Listen, serve
 from snapshotter.storage.url import open_store
@@ -73,11 +75,39 @@ def _write_atomic(path: Path, data: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
-def _stop_event() -> threading.Event:
-    stop = threading.Event()
+class _Stop(threading.Event):
+    """Set by SIGTERM or SIGINT; `signum` says which."""
+
+    signum: int | None = None
+
+
+def _stop_event() -> _Stop:
+    stop = _Stop()
+
+    def handler(signum: int, frame: Any) -> None:
+        stop.signum = signum
+        stop.set()
+
     for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, lambda *_: stop.set())
+        signal.signal(sig, handler)
     return stop
+
+
+def drain_grace() -> float:
+    """Seconds a stopping agent gives its jobs to freeze (SNAPSHOTTER_DRAIN_GRACE_S, 30):
+    keep the service manager's stop timeout above it."""
+    try:
+        v = float(os.environ.get("SNAPSHOTTER_DRAIN_GRACE_S", "30"))
+    except ValueError:
+        v = 30.0
+    return v if v > 0 else 30.0
+
+
+def _drained(reply: coordinator_pb2.DrainReply) -> None:
+    for j in reply.jobs:
+        how = "fell back to" if j.fallback else "frozen as"
+        log.warning("preempted: job %s %s %s%s", j.job_id, how, j.snapshot_id or "(none)",
+                    f"; thawed on {','.join(j.thawed_on)}" if j.thawed_on else "")  # fmt: skip
 
 
 def serve_embedded(paths: Paths, bind_host: str = "127.0.0.1") -> int:
@@ -133,12 +163,20 @@ def serve_embedded(paths: Paths, bind_host: str = "127.0.0.1") -> int:
     _write_atomic(
         paths.daemon_file,
         {"pid": os.getpid(), "coordinator": coord_server.address, "agent": agent_server.address,
-         "store": url, "version": __version__},
+         "store": url, "version": __version__,
+         "keeper": os.getppid() if os.environ.get(KEEPER_ENV) else None},
     )  # fmt: skip
     log.info("embedded coordinator %s, agent %s, store %s", coord_server.address,
              agent_server.address, url)  # fmt: skip
     try:
         stop.wait()
+        if stop.signum == signal.SIGTERM and coord.running_jobs():
+            # Told to stop (a preemption, the node going away): freeze its jobs first.
+            try:
+                _drained(drain_node(coord, coordinator_pb2.DrainRequest(
+                    node=settings.name, grace_s=drain_grace())))  # fmt: skip
+            except errors.SnapshotterError as e:
+                log.error("could not drain before stopping: %s", e)
     finally:
         try:
             if json.loads(paths.daemon_file.read_text())["pid"] == os.getpid():
@@ -272,6 +310,16 @@ def serve_agent(cfg: AgentConfig) -> int:
     print(json.dumps({"agent": cfg.name, "address": server.address}), flush=True)
     try:
         stop.wait()
+        if stop.signum == signal.SIGTERM and agent.jobs.running_ids():
+            # Told to stop (a preemption, the node going away): the coordinator freezes this
+            # node's jobs first (and, with --recover auto, thaws them elsewhere).
+            try:
+                grace = drain_grace()
+                _drained(coord.stub.DrainSelf(
+                    coordinator_pb2.DrainRequest(node=cfg.name, grace_s=grace),
+                    timeout=grace + 300))  # fmt: skip
+            except errors.SnapshotterError as e:
+                log.error("could not drain before stopping: %s", e)
     finally:
         agent.shutdown()
         server.stop(2)

@@ -93,7 +93,7 @@ class Launcher:
             except BaseException:
                 self.sandboxes.release(init_cwd)  # made for a spawn that failed
                 raise
-            job.ranks.append(self.sandboxes.adopt(p, sb, spec.job_id, str(init_cwd)))
+            job.ranks.append(self.sandboxes.adopt(p, sb, job, str(init_cwd)))
         check_launch(spec.job_id, cancelled)
 
 

@@ -14,6 +14,13 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 
+class KeptPump:
+    """The agent's keeper pumps this rank's output into its log: nothing to wait for here."""
+
+    def join(self, timeout: float | None = None) -> None:
+        return None
+
+
 class LogPump:
     """Copies everything readable from `fds` to `path` until every fd reaches EOF."""
 

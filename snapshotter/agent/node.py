@@ -27,6 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from snapshotter import __version__, errors
+from snapshotter.agent import keeping
 from snapshotter.agent.allow import ExecPolicy
 from snapshotter.agent.freeze import Freezes
 from snapshotter.agent.launch import Launcher
@@ -90,13 +91,16 @@ class NodeAgent:
         self._gpu_stage: GpuStage | None = None
         self._gpu_checked = False
         become_subreaper()
-        reap_orphans(self.paths.home / "sandboxes")
+        self.keeper = keeping.from_env()
+        held = self.keeper.held() if self.keeper is not None else []
+        # Whatever the keeper holds is re-adopted below; the rest has lost its agent for good.
+        reap_orphans(self.paths.home / "sandboxes", {int(e["pid"]) for e in held})
         # No operation outlives the agent that ran it: what a previous one staged is garbage.
         shutil.rmtree(self.paths.home / "work", ignore_errors=True)
 
         name, env = settings.name, dict(settings.network_env)
         self.jobs = JobTable(name)
-        self.sandboxes = Sandboxes(self.paths)
+        self.sandboxes = Sandboxes(self.paths, self.keeper)
         self.rdzv = RdzvHost(settings.host)
         self.launcher = Launcher(
             name, self.paths, self.jobs, self.sandboxes, self.rdzv, settings.policy, env,
@@ -110,6 +114,7 @@ class NodeAgent:
             name, self.paths, store, self.jobs, self.sandboxes, self.rdzv, self.freezes,
             self._gpu, settings.netns, settings.dump_parallelism,
         )  # fmt: skip
+        self.readopted = self.sandboxes.readopt(self.jobs, settings.host) if held else []
         self._maintainer = threading.Thread(target=self._maintain, daemon=True, name="maintain")
         self._maintainer.start()
 

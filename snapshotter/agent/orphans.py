@@ -12,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import signal
+from collections.abc import Collection
 from pathlib import Path
 
 log = logging.getLogger(__name__)
@@ -39,8 +40,9 @@ def forget(registry: Path, pid: int) -> None:
     (registry / str(pid)).unlink(missing_ok=True)
 
 
-def reap_orphans(registry: Path) -> list[int]:
-    """Kill every recorded sandbox still alive (same pid, same start time); forget them all."""
+def reap_orphans(registry: Path, spare: Collection[int] = ()) -> list[int]:
+    """Kill every recorded sandbox still alive (same pid, same start time) but those in
+    `spare` (the keeper holds them for this agent to re-adopt); forget the others."""
     killed: list[int] = []
     if not registry.is_dir():
         return killed
@@ -49,6 +51,8 @@ def reap_orphans(registry: Path) -> list[int]:
             pid = int(entry.name)
             recorded = entry.read_text().strip()
         except (ValueError, OSError):
+            continue
+        if pid in spare:
             continue
         if start_time(pid) == recorded:
             try:

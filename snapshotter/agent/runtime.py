@@ -19,7 +19,7 @@ from typing import TypeVar
 
 from snapshotter import errors, parallel
 from snapshotter.agent import retention
-from snapshotter.agent.logs import LogPump
+from snapshotter.agent.logs import KeptPump, LogPump
 from snapshotter.agent.rankctl import RankChannel
 from snapshotter.agent.rdzv import RdzvServer
 from snapshotter.launch.env import RankPlacement, RdzvAddress
@@ -61,7 +61,7 @@ class RankRuntime:
     placement: RankPlacement
     sandbox: Sandbox
     channel: RankChannel
-    pump: LogPump
+    pump: LogPump | KeptPump
     init_cwd: str
     exit_code: int | None = None
     cleanups: list[Callable[[], None]] = field(default_factory=list)

@@ -161,7 +161,7 @@ class Thaws:
                     local_world_size=spec.nproc_per_node,
                     nnodes=spec.nnodes,
                 )
-                return self.sandboxes.adopt(p, sb, spec.job_id, rec.init_cwd)
+                return self.sandboxes.adopt(p, sb, job, rec.init_cwd)
 
             t1 = time.monotonic()
             out = parallel.each(ranks, one, key=lambda r: r.rank, workers=self.parallelism,

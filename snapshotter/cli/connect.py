@@ -106,8 +106,14 @@ def _start_embedded(paths: Paths, timeout: float = 60.0) -> dict[str, Any]:
         if info is not None:
             return info
         with open(paths.daemon_log, "ab") as logf:
+            # The keeper starts the daemon, and starts it again if it dies: the jobs outlive
+            # a daemon crash (snapshotter/keeper.py).
+            daemon = [sys.executable, "-m", "snapshotter.daemon", "embedded", "--home",
+                      str(paths.home)]  # fmt: skip
+            keeper = [sys.executable, "-m", "snapshotter.keeper", "--socket",
+                      str(paths.run_dir / "keeper.sock"), "--"]  # fmt: skip
             proc = subprocess.Popen(
-                [sys.executable, "-m", "snapshotter.daemon", "embedded", "--home", str(paths.home)],
+                keeper + daemon,
                 stdin=subprocess.DEVNULL,
                 stdout=logf,
                 stderr=logf,
@@ -117,7 +123,7 @@ def _start_embedded(paths: Paths, timeout: float = 60.0) -> dict[str, Any]:
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             info = read_daemon(paths)
-            if info is not None and info.get("pid") == proc.pid:
+            if info is not None and info.get("keeper") == proc.pid:
                 return info
             if proc.poll() is not None:
                 break

@@ -100,6 +100,11 @@ class CoordinatorStub:
                 request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.DrainRequest.SerializeToString,
                 response_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.DrainReply.FromString,
                 _registered_method=True)
+        self.DrainSelf = channel.unary_unary(
+                '/snapshotter.v1.Coordinator/DrainSelf',
+                request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.DrainRequest.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.DrainReply.FromString,
+                _registered_method=True)
         self.Freeze = channel.unary_stream(
                 '/snapshotter.v1.Coordinator/Freeze',
                 request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.FreezeRequest.SerializeToString,
@@ -228,6 +233,13 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def DrainSelf(self, request, context):
+        """The same, asked by the node's own agent (it was told to stop: SIGTERM, a preemption).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Freeze(self, request, context):
         """Snapshot a running job; the stream ends with `done` (or fails with the error).
         """
@@ -339,6 +351,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
             ),
             'Drain': grpc.unary_unary_rpc_method_handler(
                     servicer.Drain,
+                    request_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.DrainRequest.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_coordinator__pb2.DrainReply.SerializeToString,
+            ),
+            'DrainSelf': grpc.unary_unary_rpc_method_handler(
+                    servicer.DrainSelf,
                     request_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.DrainRequest.FromString,
                     response_serializer=snapshotter_dot_v1_dot_coordinator__pb2.DrainReply.SerializeToString,
             ),
@@ -727,6 +744,33 @@ class Coordinator:
             request,
             target,
             '/snapshotter.v1.Coordinator/Drain',
+            snapshotter_dot_v1_dot_coordinator__pb2.DrainRequest.SerializeToString,
+            snapshotter_dot_v1_dot_coordinator__pb2.DrainReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def DrainSelf(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapshotter.v1.Coordinator/DrainSelf',
             snapshotter_dot_v1_dot_coordinator__pb2.DrainRequest.SerializeToString,
             snapshotter_dot_v1_dot_coordinator__pb2.DrainReply.FromString,
             options,

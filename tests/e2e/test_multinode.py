@@ -175,8 +175,8 @@ def test_policy_snapshots_a_lost_node_replaced_by_a_spare_and_a_drain(
 ) -> None:
     """On a 2x2 job with a policy and --recover auto: snapshots on schedule, retention keeps 2
     and their chunks are gone from the store; kill -9 of node b's agent and ranks: thawed onto
-    the spare c; then node a is drained: frozen, thawed onto b and c; the run ends with the
-    parameters of an uninterrupted one."""
+    the spare c; then node a's agent gets SIGTERM (a preemption): it drains itself, the job is
+    frozen and thawed onto b and c; the run ends with the parameters of an uninterrupted one."""
     cli = deployment.cli
     out = tmp_path / "out.json"
     p = cli.run("run", "--detach", "--nnodes", "2", "--nproc-per-node", "2", "--nodes", "a,b",
@@ -219,13 +219,18 @@ def test_policy_snapshots_a_lost_node_replaced_by_a_spare_and_a_drain(
 
         deployment.start_agent("b")
         deployment.wait_agents(["a", "b", "c"])
-        drained = cli.json("drain", "a", "--grace", "60")
-        assert drained["jobs"][0]["fallback"] is False, drained
-        assert drained["jobs"][0]["thawed_on"] == ["b", "c"], drained
+        # Node a is preempted: its agent gets SIGTERM and drains itself before it stops.
+        deployment.agents["a"].send_signal(signal.SIGTERM)
+        assert deployment.agents["a"].wait(180) == 0
+        preempted = events("preempted")[0]
+        assert preempted["snapshot_id"] and "frozen and stopped" in preempted["detail"], preempted
+        moved = events("recovered")[-1]
+        assert moved["cause"] == "preempted" and moved["nodes"] == ["b", "c"], moved
         st = cli.wait(job)
         assert st["state"] == "SUCCEEDED", (st, deployment.logs())
         assert read_json(out) == reference
     finally:
         cli.run("drain", "a", "--undo", check=False)
-        if deployment.agents["b"].poll() is not None:
-            deployment.start_agent("b")
+        for name in ("a", "b"):
+            if deployment.agents[name].poll() is not None:
+                deployment.start_agent(name)

@@ -203,3 +203,77 @@ def test_a_stopped_rank_is_a_hang_named_within_the_deadline_and_recovered(
     assert read_result(out)["digest"] == reference
     assert [e["kind"] for e in _events(cli, job)].count("recovered") == 1
     print(f"\n[resilience] SIGSTOP detected as a hang after {took:.2f}s (deadline 8s)")
+
+
+def _daemon(cli: SnapCli) -> int:
+    return int(json.loads((cli.home / "daemon.json").read_text())["pid"])
+
+
+def _restarted(cli: SnapCli, old: int) -> None:
+    _until("the daemon's restart", lambda: (cli.home / "daemon.json").exists()
+           and _daemon(cli) != old and cli.run("jobs", check=False).returncode == 0)  # fmt: skip
+
+
+def test_a_killed_daemon_never_costs_the_job(
+    snap: SnapCli, reference: str, tmp_path: Path
+) -> None:
+    """kill -9 of the embedded daemon while the job trains, then again during a freeze's
+    upload: the job trains on, the restarted agent re-adopts it, and a later freeze and thaw
+    succeed bit-identically. (Its own daemon: the restarted one ends with the test.)"""
+    cli = snap
+    out = tmp_path / "out.json"
+    job = _run(cli, out)
+    cli.wait_step(job, 20)
+    old = _daemon(cli)
+    os.kill(old, signal.SIGKILL)
+    _restarted(cli, old)
+    assert cli.json("status", job)["state"] == "RUNNING"
+    cli.wait_step(job, cli.last_step(job) + 10)  # still training, output still logged
+
+    freeze = subprocess.Popen(
+        [sys.executable, "-m", "snapshotter", "freeze", job], env=cli.env, cwd=ROOT,
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    try:
+        assert freeze.stderr is not None
+        for line in freeze.stderr:
+            if "] upload" in line:
+                break
+        old = _daemon(cli)
+        os.kill(old, signal.SIGKILL)
+        freeze.communicate(timeout=120)
+    finally:
+        if freeze.poll() is None:
+            freeze.kill()
+    assert freeze.returncode != 0
+    _restarted(cli, old)
+    assert cli.json("status", job)["state"] == "RUNNING"
+    cli.wait_step(job, cli.last_step(job) + 10)
+
+    sid = cli.json("freeze", job, "--stop")["snapshot_id"]
+    assert cli.json("thaw", sid)["job_id"] == job
+    final = cli.wait(job)
+    assert final["state"] == "SUCCEEDED", final
+    assert read_result(out)["digest"] == reference
+
+
+def test_drain_freezes_and_stops_the_jobs_of_a_node(
+    cli: SnapCli, reference: str, tmp_path: Path
+) -> None:
+    out = tmp_path / "out.json"
+    job = _run(cli, out)
+    cli.wait_step(job, 30)
+    node = cli.json("status", job)["nodes"][0]
+    try:
+        res = cli.json("drain", node, "--grace", "60")
+        (drained,) = [j for j in res["jobs"] if j["job_id"] == job]
+        assert drained["fallback"] is False and drained["snapshot_id"], drained
+        assert cli.json("status", job)["state"] == "FROZEN"
+        assert any(e["kind"] == "preempted" for e in _events(cli, job))
+    finally:
+        cli.run("drain", node, "--undo")
+    assert cli.json("thaw", drained["snapshot_id"])["job_id"] == job
+    assert cli.wait(job)["state"] == "SUCCEEDED"
+    assert read_result(out)["digest"] == reference
+    p = cli.run("drain", "no-such-node", check=False)
+    assert p.returncode == 2 and "no-such-node" in p.stderr and "Traceback" not in p.stderr

@@ -30,6 +30,7 @@ class SnapCli:
         if extra_env:
             self.env.update(extra_env)
         self._pids: set[int] = set()
+        self._keepers: set[int] = set()
 
     def run(
         self, *args: str, check: bool = True, timeout: float = 300, cwd: Path | None = None
@@ -96,16 +97,18 @@ class SnapCli:
         )
         return st
 
-    def _daemon_pid(self) -> int | None:
+    def _daemon_pid(self, which: str = "pid") -> int | None:
         try:
-            return int(json.loads((self.home / "daemon.json").read_text())["pid"])
-        except (OSError, ValueError, KeyError):
+            return int(json.loads((self.home / "daemon.json").read_text())[which])
+        except (OSError, ValueError, KeyError, TypeError):
             return None
 
     def _remember(self) -> None:
-        pid = self._daemon_pid()
+        pid, keeper = self._daemon_pid(), self._daemon_pid("keeper")
         if pid:
             self._pids.add(pid)
+        if keeper:
+            self._keepers.add(keeper)
 
     def rank_pids(self) -> list[int]:
         if self._daemon_pid() is None:
@@ -121,11 +124,22 @@ class SnapCli:
         ranks = self.rank_pids()
         if self._daemon_pid() is not None:
             self.run("down", "--force", check=False, timeout=120)
-        for pid in [*ranks, *self._pids]:
+        deadline = time.monotonic() + 10  # a keeper ends once its daemon stopped cleanly
+        while any(_alive(k) for k in self._keepers) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        # Keepers first: a keeper whose daemon died starts it again.
+        for pid in [*self._keepers, *ranks, *self._pids]:
             try:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
 
 
 def read_result(path: Path) -> dict[str, Any]:

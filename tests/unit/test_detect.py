@@ -86,3 +86,12 @@ def test_recoveries_are_limited_within_the_window() -> None:
     assert may_recover([50.0], now=100.0, max_tries=2, window_s=60.0)
     assert not may_recover([50.0, 90.0], now=100.0, max_tries=2, window_s=60.0)
     assert may_recover([10.0, 30.0], now=100.0, max_tries=2, window_s=60.0)  # both outside
+
+
+def test_ranks_that_never_answer_are_no_hang() -> None:
+    """Ranks whose hook predates the progress query (thawed from an old snapshot) are silent."""
+    silent = [_s(0, 0, answered=False), _s(1, 0, answered=False)]
+    p = detect.observe(detect.Progress(), silent, now=0.0)
+    p = detect.observe(p, silent, now=100.0)
+    assert not p.answering
+    assert detect.hang(p, silent, now=1000.0, deadline_s=10.0) is None

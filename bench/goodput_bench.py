@@ -1,0 +1,251 @@
+"""Benchmark: throughput lost under failures, snapshotter against checkpoint-restart.
+
+The same job (examples/train_ddp.py, 2 ranks, with a start-up cost standing for imports, data
+preparation and model build) and the same failure schedule (kill -9 of one rank, then of the
+whole node's agent and ranks, alternating, at fixed times from the start), three ways, side by
+side in one run:
+
+  (a) plain torchrun, no failures: the time the work takes;
+  (b) torchrun --max-restarts with the job's own checkpoints (torch.save) every K steps, K by
+      Young-Daly from the measured save cost and the schedule's MTBF; a lost node is
+      relaunched from its last checkpoint (what a scheduler's requeue does);
+  (c) snapshotter run --snapshot-every auto --recover auto (the coordinator is told the same
+      MTBF as its prior).
+
+Reported: each method's time, lost throughput = 1 - (a)/(method), the ratio (c)/(b) (target
+<= 0.15), and the step time of (c) outside freeze and recovery windows / (a)'s (target <= 1.01).
+
+Usage: python bench/goodput_bench.py [--steps 600] [--step-sleep 0.1] [--startup-s 20]
+       [--failures 3] [--rounds 1] [--json out.json]
+Needs root and CRIU (deploy/install.sh --with-job-deps). Minutes per round.
+"""
+
+from __future__ import annotations
+
+import argparse
+import io
+import json
+import math
+import os
+import re
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.support.cli import TRAIN, SnapCli  # noqa: E402 - the harness tests and bench share
+from tests.support.soak import rank_process  # noqa: E402
+
+STAMP = re.compile(r"rank 0 step (\d+) loss \S+ t=(\d+\.\d+)")
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
+def kill(pids: list[int]) -> None:
+    for p in pids:
+        try:
+            os.kill(p, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def stamps(text: str) -> list[tuple[int, float]]:
+    return [(int(s), float(t)) for s, t in STAMP.findall(text)]
+
+
+def step_time(points: list[tuple[int, float]], exclude: list[tuple[float, float]]) -> float:
+    """Median seconds per step between consecutive steps, outside the `exclude` windows."""
+    gaps = []
+    for (s0, t0), (s1, t1) in zip(points, points[1:], strict=False):
+        if s1 != s0 + 1 or any(a <= t1 and t0 <= b for a, b in exclude):
+            continue
+        gaps.append(t1 - t0)
+    return statistics.median(gaps) if gaps else float("nan")
+
+
+def save_cost(rounds: int = 5) -> float:
+    """What one torch.save of this job's model and optimizer takes (median)."""
+    import torch
+
+    sys.path.insert(0, str(ROOT / "examples"))
+    from train_ddp import make_model  # type: ignore[import-not-found]
+
+    model = make_model()
+    opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
+    model(torch.randn(8, 32)).sum().backward()
+    opt.step()
+    times = []
+    for _ in range(rounds):
+        t0 = time.monotonic()
+        buf = io.BytesIO()
+        torch.save({"model": model.state_dict(), "opt": opt.state_dict()}, buf)
+        times.append(time.monotonic() - t0)
+    return statistics.median(times)
+
+
+class Schedule:
+    def __init__(self, times: list[float]) -> None:
+        self.times = times
+
+    def kinds(self) -> list[str]:
+        return ["rank" if i % 2 == 0 else "node" for i in range(len(self.times))]
+
+
+def torchrun_cmd(args: argparse.Namespace, out: Path, extra: list[str], restarts: int) -> list:
+    return [sys.executable, "-m", "torch.distributed.run", "--standalone", "--nproc-per-node",
+            "2", "--max-restarts", str(restarts), str(TRAIN), "--out", str(out), "--steps",
+            str(args.steps), "--step-sleep", str(args.step_sleep), "--startup-s",
+            str(args.startup_s), "--stamp", *extra]  # fmt: skip
+
+
+def run_a(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    out, logf = work / "a.json", work / "a.log"
+    t0 = time.monotonic()
+    with open(logf, "w") as f:
+        subprocess.run(torchrun_cmd(args, out, [], 0), stdout=f, stderr=subprocess.STDOUT,
+                       check=True, cwd=ROOT)  # fmt: skip
+    took = time.monotonic() - t0
+    return {"time_s": took, "digest": json.loads(out.read_text())["digest"],
+            "step_s": step_time(stamps(logf.read_text()), [])}  # fmt: skip
+
+
+def run_b(args: argparse.Namespace, work: Path, sched: Schedule, k: int) -> dict[str, Any]:
+    out, logf, ckpt = work / "b.json", work / "b.log", work / "b.ckpt"
+    extra = ["--ckpt", str(ckpt), "--ckpt-every", str(k), "--resume"]
+    t0 = time.monotonic()
+    pending = list(zip(sched.times, sched.kinds(), strict=True))
+    relaunches = 0
+    with open(logf, "w") as f:
+        proc = subprocess.Popen(torchrun_cmd(args, out, extra, len(sched.times) + 1), stdout=f,
+                                stderr=subprocess.STDOUT, cwd=ROOT)  # fmt: skip
+        while True:
+            code = proc.poll()
+            if code is not None:
+                if code == 0:
+                    break
+                relaunches += 1  # the node was lost: the scheduler requeues the job
+                proc = subprocess.Popen(torchrun_cmd(args, out, extra, len(sched.times) + 1),
+                                        stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)  # fmt: skip
+            if pending and time.monotonic() - t0 >= pending[0][0]:
+                _, kind = pending.pop(0)
+                workers = children(proc.pid)
+                if kind == "rank" and workers:
+                    kill(workers[-1:])
+                else:
+                    kill([proc.pid, *workers])
+            time.sleep(0.1)
+    return {"time_s": time.monotonic() - t0, "digest": json.loads(out.read_text())["digest"],
+            "k": k, "relaunches": relaunches}  # fmt: skip
+
+
+def run_c(args: argparse.Namespace, work: Path, sched: Schedule, mtbf_s: float) -> dict[str, Any]:
+    cli = SnapCli(work / "home", {"SNAPSHOTTER_PRIOR_NODE_MTBF_S": str(mtbf_s)})
+    out = work / "c.json"
+    try:
+        cli.run("jobs")  # the daemon starts before the clock
+        t0 = time.monotonic()
+        p = cli.run("run", "--detach", "--nproc-per-node", "2", "--snapshot-every", "auto",
+                    "--recover", "auto", "--max-recoveries", str(len(sched.times) + 2),
+                    str(TRAIN), "--out", str(out), "--steps", str(args.steps),
+                    "--step-sleep", str(args.step_sleep), "--startup-s", str(args.startup_s),
+                    "--stamp")  # fmt: skip
+        job = p.stdout.strip().splitlines()[-1]
+        pending = list(zip(sched.times, sched.kinds(), strict=True))
+        while True:
+            st = cli.json("status", job, check=False)
+            if st.get("state") in ("SUCCEEDED", "FAILED", "CANCELLED", "FROZEN"):
+                break
+            if pending and time.monotonic() - t0 >= pending[0][0] and st["state"] == "RUNNING":
+                _, kind = pending.pop(0)
+                ranks = [rank_process(r["pid"]) for r in st["ranks"]]
+                ranks_alive = [r for r in ranks if r]
+                if kind == "rank":
+                    kill(ranks_alive[-1:])
+                else:  # the node's agent and its ranks
+                    daemon = int(json.loads((cli.home / "daemon.json").read_text())["pid"])
+                    kill([daemon, *ranks_alive])
+            time.sleep(0.2)
+        took = time.monotonic() - t0
+        assert st["state"] == "SUCCEEDED", st
+        events = cli.json("events", job)["events"]
+        windows = []
+        for e in events:
+            if e["kind"] == "snapshot" and e.get("took_s"):
+                windows.append((e["time"] - e["took_s"] - 1, e["time"] + 1))
+            if e["kind"] in ("failure", "recovered"):
+                windows.append((e["time"] - 30, e["time"] + 5))
+        logs = cli.home.glob("jobs/*/logs/rank-0.log")
+        text = "".join(p.read_text(errors="replace") for p in logs)
+        return {"time_s": took, "digest": json.loads(out.read_text())["digest"],
+                "snapshots": sum(e["kind"] == "snapshot" for e in events),
+                "recoveries": sum(e["kind"] == "recovered" for e in events),
+                "policy": cli.json("policy", "show", job),
+                "step_s": step_time(stamps(text), windows),
+                "events": events}  # fmt: skip
+    finally:
+        cli.close()
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--step-sleep", type=float, default=0.1)
+    ap.add_argument("--startup-s", type=float, default=20.0,
+                    help="the job's start-up cost (imports, data, model build) in seconds")
+    ap.add_argument("--failures", type=int, default=3)
+    ap.add_argument("--rounds", type=int, default=1)
+    ap.add_argument("--json", default=None)
+    args = ap.parse_args()
+    rows = []
+    for i in range(args.rounds):
+        with tempfile.TemporaryDirectory(prefix="goodput-") as tmp:
+            work = Path(tmp)
+            a = run_a(args, work)
+            mtbf = a["time_s"] / (args.failures + 1)
+            sched = Schedule([mtbf * (j + 1) for j in range(args.failures)])
+            cost = save_cost()
+            interval = math.sqrt(2 * cost * mtbf)
+            k = max(1, round(interval / max(a["step_s"], 1e-3)))
+            b = run_b(args, work, sched, k)
+            c = run_c(args, work, sched, mtbf)
+            lost_b = 1 - a["time_s"] / b["time_s"]
+            lost_c = 1 - a["time_s"] / c["time_s"]
+            shown = {k2: v for k2, v in c.items() if k2 != "events"}
+            row = {"round": i, "a": a, "b": b, "c": shown,
+                   "schedule_s": sched.times, "kinds": sched.kinds(), "save_cost_s": cost,
+                   "lost_b": lost_b, "lost_c": lost_c,
+                   "ratio": lost_c / lost_b if lost_b > 0 else float("nan"),
+                   "step_ratio": c["step_s"] / a["step_s"],
+                   "bit_identical": a["digest"] == b["digest"] == c["digest"]}  # fmt: skip
+            rows.append(row)
+            print(f"round {i}: (a) {a['time_s']:.1f}s  (b) {b['time_s']:.1f}s K={k} "
+                  f"lost {lost_b:.3f}  (c) {c['time_s']:.1f}s lost {lost_c:.3f} "
+                  f"({c['snapshots']} snapshots, {c['recoveries']} recoveries)  "
+                  f"ratio {row['ratio']:.2f}  step time (c)/(a) {row['step_ratio']:.3f}  "
+                  f"same digest {row['bit_identical']}", flush=True)  # fmt: skip
+    med = {k: statistics.median(r[k] for r in rows) for k in ("lost_b", "lost_c", "ratio",
+                                                              "step_ratio")}  # fmt: skip
+    print(f"median over {len(rows)} round(s): lost throughput checkpoint-restart "
+          f"{med['lost_b']:.3f}, snapshotter {med['lost_c']:.3f}, ratio {med['ratio']:.2f} "
+          f"(target <= 0.15); step time with a policy / torchrun {med['step_ratio']:.3f} "
+          "(target <= 1.01)")  # fmt: skip
+    if args.json:
+        Path(args.json).write_text(json.dumps({"rounds": rows, "median": med}, indent=2,
+                                              default=str))  # fmt: skip
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

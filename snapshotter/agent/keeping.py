@@ -1,0 +1,137 @@
+"""The agent's side of its keeper (snapshotter/keeper.py): hand over each sandbox's pipes,
+and, after a restart, take the sandboxes back (`readopt`).
+
+Without a keeper (an agent embedded in a test, or started without one) the agent pumps its
+ranks' output itself and a restart ends whatever its previous incarnation left (orphans.py).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import logging
+import os
+import select
+import socket
+import threading
+import time
+from collections.abc import Mapping, Sequence
+from dataclasses import asdict
+from pathlib import Path
+from typing import Any
+
+from snapshotter import errors
+from snapshotter.agent.orphans import start_time
+from snapshotter.keeper import ENV, FD_NAMES, MAX_MSG
+from snapshotter.launch.env import RankPlacement
+from snapshotter.sandbox.spawn import RankIO, Sandbox
+
+log = logging.getLogger(__name__)
+
+
+class KeeperClient:
+    def __init__(self, path: str) -> None:
+        self.path = path
+
+    def _call(
+        self, msg: dict[str, Any], fds: Sequence[int] = ()
+    ) -> tuple[dict[str, Any], list[int]]:
+        with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+            s.settimeout(10.0)
+            try:
+                s.connect(self.path)
+                socket.send_fds(s, [json.dumps(msg).encode()], list(fds))
+                data, got, _, _ = socket.recv_fds(s, MAX_MSG, len(FD_NAMES))
+            except OSError as e:
+                raise errors.ServiceUnavailable(
+                    f"the agent's keeper at {self.path} does not answer ({e})",
+                    "restart the agent's service (its ranks may have to be thawed)",
+                ) from e
+        reply: dict[str, Any] = json.loads(data or b"{}")
+        if not reply.get("ok"):
+            for fd in got:
+                os.close(fd)
+            raise errors.Internal(f"the keeper refused {msg.get('op')}: {reply.get('error')}",
+                                  "see the daemon log")  # fmt: skip
+        return reply, got
+
+    def hold(self, key: str, pid: int, meta: dict[str, Any], log_path: Path,
+             fds: Sequence[int]) -> None:  # fmt: skip
+        msg = {"op": "hold", "key": key, "pid": pid, "start": start_time(pid) or "",
+               "meta": meta, "log": str(log_path)}  # fmt: skip
+        self._call(msg, fds)
+
+    def held(self) -> list[dict[str, Any]]:
+        entries: list[dict[str, Any]] = self._call({"op": "list"})[0]["held"]
+        return entries
+
+    def fetch(self, key: str) -> tuple[int, int]:
+        _, fds = self._call({"op": "fetch", "key": key})
+        if len(fds) != 2:
+            for fd in fds:
+                os.close(fd)
+            raise errors.Internal(f"the keeper gave {len(fds)} fds for {key}", "see the log")
+        return fds[0], fds[1]
+
+    def release(self, key: str) -> None:
+        with contextlib.suppress(errors.SnapshotterError):
+            self._call({"op": "release", "key": key})
+
+    def exit_code(self, pid: int) -> int | None:
+        for e in self.held():
+            if e["pid"] == pid:
+                code = e.get("exit")
+                return None if code is None else int(code)
+        return None
+
+
+def from_env() -> KeeperClient | None:
+    path = os.environ.get(ENV)
+    return KeeperClient(path) if path else None
+
+
+def meta_of(
+    spec: dict[str, Any], node_rank: int, p: RankPlacement, init_cwd: str,
+    remote: tuple[str, int] | None, inodes: Mapping[str, int],
+) -> dict[str, Any]:  # fmt: skip
+    """What a restarted agent needs to rebuild a rank (kept by the keeper, in memory only):
+    the pipes' inodes too, which a dump names as the rank's external pipes."""
+    return {"job": spec, "node_rank": node_rank, "placement": asdict(p), "init_cwd": init_cwd,
+            "remote_rdzv": list(remote) if remote else None, "inodes": dict(inodes)}  # fmt: skip
+
+
+class AdoptedSandbox(Sandbox):
+    """A sandbox a previous incarnation of this agent started: not our child (the keeper is
+    its parent now), so its end is seen on a pidfd and its exit status comes from the keeper."""
+
+    def __init__(self, pid: int, keeper: KeeperClient, inodes: Mapping[str, int]) -> None:
+        self.pid = pid
+        self.io = RankIO({}, inodes)
+        self.returncode: int | None = None
+        self._keeper = keeper
+        self._lock = threading.Lock()
+        self._pidfd = os.pidfd_open(pid)
+
+    def wait(self, timeout: float | None = None) -> int | None:
+        if self.returncode is not None:
+            return self.returncode
+        with self._lock:
+            pidfd = self._pidfd
+        if pidfd < 0:
+            return self.returncode
+        poller = select.poll()
+        poller.register(pidfd, select.POLLIN)
+        if not poller.poll(None if timeout is None else max(0, int(timeout * 1000))):
+            return None
+        # The keeper reaps it on SIGCHLD: give it a moment to record the status.
+        code = None
+        for _ in range(50):
+            try:
+                code = self._keeper.exit_code(self.pid)
+            except errors.SnapshotterError:
+                break
+            if code is not None:
+                break
+            time.sleep(0.1)
+        self.returncode = code if code is not None else 1
+        return self.returncode
