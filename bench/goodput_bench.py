@@ -6,16 +6,19 @@ whole node's agent and ranks, alternating, at fixed times from the start), three
 side in one run:
 
   (a) plain torchrun, no failures: the time the work takes;
-  (b) torchrun --max-restarts with the job's own checkpoints (torch.save) every K steps, K by
-      Young-Daly from the measured save cost and the schedule's MTBF; a lost node is
-      relaunched from its last checkpoint (what a scheduler's requeue does);
+  (b) torchrun with the job's own checkpoints (torch.save) every K steps, K by Young-Daly from
+      the measured save cost and the schedule's MTBF; after any failure the job is launched
+      again and resumes from its last checkpoint (what a scheduler's requeue does). Not
+      torchrun's own --max-restarts: with torch 2.13 here, the workers it restarted after a
+      kill -9 of one of them hung in init_process_group (both connected to the store, no
+      progress for 15 minutes), which would make (b) look worse than it is;
   (c) snapshotter run --snapshot-every auto --recover auto (the coordinator is told the same
       MTBF as its prior).
 
 Reported: each method's time, lost throughput = 1 - (a)/(method), the ratio (c)/(b) (target
 <= 0.15), and the step time of (c) outside freeze and recovery windows / (a)'s (target <= 1.01).
 
-Usage: python bench/goodput_bench.py [--steps 600] [--step-sleep 0.1] [--startup-s 20]
+Usage: python bench/goodput_bench.py [--steps 1500] [--step-sleep 0.1] [--startup-s 20]
        [--failures 3] [--rounds 1] [--json out.json]
 Needs root and CRIU (deploy/install.sh --with-job-deps). Minutes per round.
 """
@@ -128,15 +131,17 @@ def run_b(args: argparse.Namespace, work: Path, sched: Schedule, k: int) -> dict
     pending = list(zip(sched.times, sched.kinds(), strict=True))
     relaunches = 0
     with open(logf, "w") as f:
-        proc = subprocess.Popen(torchrun_cmd(args, out, extra, len(sched.times) + 1), stdout=f,
+        proc = subprocess.Popen(torchrun_cmd(args, out, extra, 0), stdout=f,
                                 stderr=subprocess.STDOUT, cwd=ROOT)  # fmt: skip
         while True:
             code = proc.poll()
             if code is not None:
                 if code == 0:
                     break
-                relaunches += 1  # the node was lost: the scheduler requeues the job
-                proc = subprocess.Popen(torchrun_cmd(args, out, extra, len(sched.times) + 1),
+                relaunches += 1  # the scheduler requeues the job
+                for w in children(proc.pid):
+                    kill([w])
+                proc = subprocess.Popen(torchrun_cmd(args, out, extra, 0),
                                         stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)  # fmt: skip
             if pending and time.monotonic() - t0 >= pending[0][0]:
                 _, kind = pending.pop(0)
@@ -167,7 +172,8 @@ def run_c(args: argparse.Namespace, work: Path, sched: Schedule, mtbf_s: float) 
             st = cli.json("status", job, check=False)
             if st.get("state") in ("SUCCEEDED", "FAILED", "CANCELLED", "FROZEN"):
                 break
-            if pending and time.monotonic() - t0 >= pending[0][0] and st["state"] == "RUNNING":
+            # (the daemon may be restarting: no answer this time)
+            if pending and time.monotonic() - t0 >= pending[0][0] and st.get("state") == "RUNNING":
                 _, kind = pending.pop(0)
                 ranks = [rank_process(r["pid"]) for r in st["ranks"]]
                 ranks_alive = [r for r in ranks if r]
@@ -200,7 +206,7 @@ def run_c(args: argparse.Namespace, work: Path, sched: Schedule, mtbf_s: float) 
 
 def main() -> int:
     ap = argparse.ArgumentParser()
-    ap.add_argument("--steps", type=int, default=600)
+    ap.add_argument("--steps", type=int, default=1500)
     ap.add_argument("--step-sleep", type=float, default=0.1)
     ap.add_argument("--startup-s", type=float, default=20.0,
                     help="the job's start-up cost (imports, data, model build) in seconds")
@@ -218,7 +224,11 @@ def main() -> int:
             cost = save_cost()
             interval = math.sqrt(2 * cost * mtbf)
             k = max(1, round(interval / max(a["step_s"], 1e-3)))
+            print(f"(a) {a['time_s']:.1f}s, {a['step_s'] * 1000:.1f} ms/step; failures at "
+                  f"{[round(t) for t in sched.times]}s; save {cost * 1000:.1f} ms, K={k}",
+                  flush=True)  # fmt: skip
             b = run_b(args, work, sched, k)
+            print(f"(b) {b['time_s']:.1f}s, {b['relaunches']} relaunches", flush=True)
             c = run_c(args, work, sched, mtbf)
             lost_b = 1 - a["time_s"] / b["time_s"]
             lost_c = 1 - a["time_s"] / c["time_s"]

@@ -233,7 +233,8 @@ class Coordinator:
         with self._lock:
             return [self._agents[n] for n in rec.nodes if n in self._agents]
 
-    def run(self, req: pb.RunRequest) -> pb.JobStatus:
+    def run(self, req: pb.RunRequest, recovering: bool = False) -> pb.JobStatus:
+        """`recovering`: the supervisor launches a job it stopped again, under its id."""
         spec = JobSpec(
             job_id=validate_job_id(req.job_id or new_job_id()),
             script=req.script,
@@ -254,11 +255,13 @@ class Coordinator:
         agents = self._place(spec.nnodes, list(req.nodes))
         with self._lock:
             old = self._jobs.get(job_id)
-        if old is not None and (old.busy or not self._phase(old).terminal):
+        if old is not None and not recovering and (old.busy or not self._phase(old).terminal):
             raise errors.InvalidArgument(
                 f"job {job_id} already exists and is not finished", "choose another --job-id"
             )
         rec = JobRecord(spec=spec, nodes=[a.name for a in agents], busy="RUNNING")
+        if recovering and old is not None:
+            rec.life, rec.snapshots = old.life, list(old.snapshots)
         with self._lock:
             self._jobs[job_id] = rec
         ref = common_pb2.JobRef(job_id=job_id)
@@ -286,7 +289,10 @@ class Coordinator:
             on_all(agents, lambda a: a.stub.Cancel(ref, timeout=60))
             on_all(agents[:1], lambda a: a.stub.CloseRdzv(ref, timeout=30))
             with self._lock:
-                self._jobs.pop(job_id, None)
+                if recovering and old is not None:
+                    self._jobs[job_id] = old
+                else:
+                    self._jobs.pop(job_id, None)
             raise
         finally:
             rec.busy = None

@@ -5,7 +5,9 @@
     stop       whatever is left of the job is ended on every node that answers
     choose     the newest committed snapshot; the job's healthy nodes, lost ones replaced
                by spares or any other healthy agent (decisions.recovery_nodes)
-    thaw       under the same job id; the job trains on and `wait` keeps waiting
+    thaw       under the same job id; the job trains on and `wait` keeps waiting (with no
+               snapshot yet, the job is launched again from its start, as torchrun
+               --max-restarts would)
     recovered  an event with the snapshot, the steps lost and the time it took
 
 A recovery that fails (no healthy node, a thaw error) is an event too; the job stays
@@ -61,34 +63,43 @@ def recover(c: Coordinator, rec: JobRecord, failure: detect.Failure) -> None:
         return
     stop_rest(c, rec)
     listed = snapshots.list_snapshots(c.store, job_id).snapshots
-    if not listed:
-        give_up(c, rec, f"{failure.detail}; the job has no committed snapshot to recover from")
-        return
-    snap = max(listed, key=lambda s: (s.created, s.snapshot_id)).snapshot_id
+    snap = max(listed, key=lambda s: (s.created, s.snapshot_id)).snapshot_id if listed else ""
     life.recoveries.append(time.time())  # an attempt counts, also one that fails
     try:
         # A node may have died since the failure was seen: ask them all again.
         failed = sorted({*([failure.node] if failure.node else []), *c.unreachable(rec)})
         nodes = recovery_nodes(rec.nodes, failed, c.live_agents(), list(r.spares), c.draining)
-        for _ in c.thaw(pb.ThawRequest(snapshot_id=snap, job_id=job_id, nodes=nodes),
-                        recovering=True):  # fmt: skip
-            pass
+        if snap:
+            for _ in c.thaw(pb.ThawRequest(snapshot_id=snap, job_id=job_id, nodes=nodes),
+                            recovering=True):  # fmt: skip
+                pass
+        else:
+            # Nothing to thaw yet: start it over, as torchrun --max-restarts would.
+            c.run(relaunch_request(rec, nodes), recovering=True)
     except errors.SnapshotterError as e:
         life.add("recovery_failed", snapshot_id=snap, detail=str(e))
-        log.warning("recovery of job %s from %s failed: %s", job_id, snap, e)
+        log.warning("recovery of job %s from %s failed: %s", job_id, snap or "its start", e)
         return
     now = time.monotonic()
-    at_snap = life.snapshot_steps.get(snap)
+    at_snap = life.snapshot_steps.get(snap) if snap else 0
     lost = None
     if at_snap is not None and life.progress.steps is not None:
         lost = max(life.progress.steps - at_snap, 0)
     life.progress = detect.Progress(steps=at_snap)
     life.policy_state = policies.reanchor(life.policy_state, now, at_snap)
     life.recovering = False
+    how = f"thawed {snap}" if snap else "no snapshot yet: relaunched from the start"
     life.add("recovered", cause=failure.cause, snapshot_id=snap, steps_lost=lost,
-             took_s=now - t0, nodes=nodes,
-             detail=f"thawed {snap} on {', '.join(nodes)}")  # fmt: skip
+             took_s=now - t0, nodes=nodes, detail=f"{how} on {', '.join(nodes)}")  # fmt: skip
     log.info("job %s recovered from %s on %s in %.1fs", job_id, snap, nodes, now - t0)
+
+
+def relaunch_request(rec: JobRecord, nodes: list[str]) -> pb.RunRequest:
+    s = rec.spec
+    return pb.RunRequest(job_id=s.job_id, script=s.script, script_args=s.script_args,
+                         module=s.module, python=s.python, cwd=s.cwd, env=s.env,
+                         nnodes=s.nnodes, nproc_per_node=s.nproc_per_node, nodes=nodes,
+                         policy=s.policy, recovery=s.recovery)  # fmt: skip
 
 
 def stop_rest(c: Coordinator, rec: JobRecord) -> None:

@@ -176,6 +176,8 @@ class Keeper:
             conn.settimeout(5.0)
             try:
                 data, fds, _, _ = socket.recv_fds(conn, MAX_MSG, len(FD_NAMES))
+                if not data and not fds:
+                    return  # a liveness probe (the CLI asking whether a keeper runs)
                 reply, out_fds = self._handle(json.loads(data), fds)
             except (OSError, ValueError, KeyError, TypeError) as e:
                 reply, out_fds = {"ok": False, "error": f"{type(e).__name__}: {e}"}, []

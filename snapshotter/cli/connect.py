@@ -18,6 +18,7 @@ from __future__ import annotations
 import fcntl
 import json
 import os
+import socket
 import subprocess
 import sys
 import time
@@ -105,6 +106,17 @@ def _start_embedded(paths: Paths, timeout: float = 60.0) -> dict[str, Any]:
         info = read_daemon(paths)
         if info is not None:
             return info
+        if _keeper_alive(paths):
+            # Its daemon died and is being started again (it re-adopts the jobs): a second
+            # daemon beside it would take the sockets and lose them.
+            info = _await_daemon(paths, timeout)
+            if info is not None:
+                return info
+            raise errors.ServiceUnavailable(
+                f"the embedded daemon's keeper runs, but no daemon came back within "
+                f"{timeout:.0f}s; log {paths.daemon_log}",
+                "see the log for why the daemon does not start",
+            )
         with open(paths.daemon_log, "ab") as logf:
             # The keeper starts the daemon, and starts it again if it dies: the jobs outlive
             # a daemon crash (snapshotter/keeper.py).
@@ -139,6 +151,29 @@ def _start_embedded(paths: Paths, timeout: float = 60.0) -> dict[str, Any]:
             f"the embedded coordinator did not start; log {paths.daemon_log}:\n{tail}",
             "fix the cause shown in the log, then retry",
         )
+
+
+def _keeper_alive(paths: Paths) -> bool:
+    sock = paths.run_dir / "keeper.sock"
+    if not sock.exists():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.settimeout(2.0)
+        try:
+            s.connect(str(sock))
+        except OSError:
+            return False
+    return True
+
+
+def _await_daemon(paths: Paths, timeout: float) -> dict[str, Any] | None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        info = read_daemon(paths)
+        if info is not None:
+            return info
+        time.sleep(0.2)
+    return None
 
 
 def stop_embedded(paths: Paths, force: bool, timeout: float = 60.0) -> bool:
