@@ -47,10 +47,9 @@ def drain_job(c: Coordinator, rec: JobRecord, node: str, grace_s: float) -> pb.D
         out.detail = f"frozen and stopped as {done[0]}"
     else:
         why = str(failed[0]) if failed else f"the freeze did not finish within {grace_s:.0f}s"
-        listed = snapshots.list_snapshots(c.store, job_id).snapshots
         out.fallback = True
-        if listed:
-            out.snapshot_id = max(listed, key=lambda s: (s.created, s.snapshot_id)).snapshot_id
+        out.snapshot_id = snapshots.newest(c.store, job_id)
+        if out.snapshot_id:
             out.detail = f"{why}; falling back to its newest committed snapshot {out.snapshot_id}"
         else:
             out.detail = f"{why}; the job has no committed snapshot: it is lost with the node"

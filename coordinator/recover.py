@@ -62,8 +62,7 @@ def recover(c: Coordinator, rec: JobRecord, failure: detect.Failure) -> None:
                         f"{window:.0f}s of a recovery, so it is not recovered again")  # fmt: skip
         return
     stop_rest(c, rec)
-    listed = snapshots.list_snapshots(c.store, job_id).snapshots
-    snap = max(listed, key=lambda s: (s.created, s.snapshot_id)).snapshot_id if listed else ""
+    snap = snapshots.newest(c.store, job_id)
     life.recoveries.append(time.time())  # an attempt counts, also one that fails
     try:
         # A node may have died since the failure was seen: ask them all again.

@@ -49,6 +49,12 @@ def list_snapshots(store: ObjectStore, job_id: str) -> pb.SnapshotList:
     return pb.SnapshotList(snapshots=out)
 
 
+def newest(store: ObjectStore, job_id: str) -> str:
+    """The job's newest committed snapshot ("" if it has none)."""
+    listed = list_snapshots(store, job_id).snapshots
+    return max(listed, key=lambda s: (s.created, s.snapshot_id)).snapshot_id if listed else ""
+
+
 def show(store: ObjectStore, snapshot_id: str) -> pb.SnapshotDetail:
     m = SnapshotReader(store, snapshot_id).manifest()
     meta: dict[str, Any] = dict(m.meta)

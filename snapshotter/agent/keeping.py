@@ -11,7 +11,6 @@ import contextlib
 import json
 import logging
 import os
-import select
 import socket
 import threading
 import time
@@ -112,17 +111,7 @@ class AdoptedSandbox(Sandbox):
         self._lock = threading.Lock()
         self._pidfd = os.pidfd_open(pid)
 
-    def wait(self, timeout: float | None = None) -> int | None:
-        if self.returncode is not None:
-            return self.returncode
-        with self._lock:
-            pidfd = self._pidfd
-        if pidfd < 0:
-            return self.returncode
-        poller = select.poll()
-        poller.register(pidfd, select.POLLIN)
-        if not poller.poll(None if timeout is None else max(0, int(timeout * 1000))):
-            return None
+    def _reap(self) -> int:
         # The keeper reaps it on SIGCHLD: give it a moment to record the status.
         code = None
         for _ in range(50):
@@ -133,5 +122,4 @@ class AdoptedSandbox(Sandbox):
             if code is not None:
                 break
             time.sleep(0.1)
-        self.returncode = code if code is not None else 1
-        return self.returncode
+        return code if code is not None else 1

@@ -141,10 +141,14 @@ class Sandbox:
                 return None
             with self._lock:
                 if self.returncode is None:
-                    _, status = os.waitpid(self.pid, 0)
-                    self.returncode = os.waitstatus_to_exitcode(status)
-                    children.release(self.pid)
+                    self.returncode = self._reap()
         return self.returncode
+
+    def _reap(self) -> int:
+        """The exit status of the init, which has exited (called once, under the lock)."""
+        _, status = os.waitpid(self.pid, 0)
+        children.release(self.pid)
+        return os.waitstatus_to_exitcode(status)
 
     def poll(self) -> int | None:
         return self.wait(timeout=0)
