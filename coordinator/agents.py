@@ -17,6 +17,8 @@ from snapshotter.rpc.client import Client, Target, agent_client
 from snapshotter.v1 import agent_pb2
 
 R = TypeVar("R")
+# How long a replaced agent's channel stays open for calls already made on it.
+RETIRE_S = 600.0
 
 
 @dataclass
@@ -44,6 +46,14 @@ class AgentHandle:
     def close(self) -> None:
         """Close the channel (the agent was replaced or forgotten; calls on it fail)."""
         self.client.close()
+
+    def retire(self, after_s: float = RETIRE_S) -> None:
+        """Close the channel later: an operation may still be calling the old incarnation
+        from another thread, and grpc closing a channel under a call in flight can crash
+        the process (seen here: a segfault in cygrpc when an agent restarted mid-upload)."""
+        t = threading.Timer(after_s, self.close)
+        t.daemon = True
+        t.start()
 
 
 def on_all(

@@ -122,7 +122,7 @@ class Coordinator:
             handle.seen = seen
             self.first_seen.setdefault(req.name, time.monotonic())
         if replaced is not None:
-            replaced.close()  # one channel per agent: the old incarnation's is dead
+            replaced.retire()  # one channel per agent: the old incarnation's is dead
         if fresh:
             try:
                 self._learn(handle)
@@ -380,7 +380,12 @@ class Coordinator:
         ref = common_pb2.JobRef(job_id=rec.spec.job_id)
         out = on_all(self._handles(rec), lambda a: a.stub.Status(ref, timeout=10))
         views = list(out.results.values())
-        views += [agent_pb2.NodeJob(job_id=rec.spec.job_id, state="FAILED") for _ in out.failures]
+        # A node that does not answer but still sends heartbeats may be an agent restarting
+        # under its keeper (its ranks train on): not a failure until its heartbeat runs out.
+        live = self.live_agents()
+        views += [agent_pb2.NodeJob(job_id=rec.spec.job_id,
+                                    state="UNREACHABLE" if n in live else "FAILED")
+                  for n in out.failures]  # fmt: skip
         return views
 
     def status(self, job_id: str) -> pb.JobStatus:
@@ -528,7 +533,8 @@ class Coordinator:
                     rec.life.snapshot_steps[sid] = steps
 
             op = FreezeOperation(rec.spec, self._handles(rec), self.store, req.stop, settings,
-                                 on_committed=committed)  # fmt: skip
+                                 on_committed=committed,
+                                 current=lambda n: self.live_agents().get(n))  # fmt: skip
             with self._lock:
                 self.writing.add(op.snapshot_id)
             try:

@@ -118,7 +118,9 @@ class JobPhase(enum.Enum):
 
 
 def job_phase(busy: str | None, node_states: Iterable[str]) -> JobPhase:
-    """Combine the coordinator's own operation and the agents' view of the ranks."""
+    """Combine the coordinator's own operation and the agents' view of the ranks.
+    UNREACHABLE (a node whose agent does not answer while its heartbeat lasts: restarting
+    under its keeper, its ranks training on) counts as running."""
     if busy is not None:
         return JobPhase(busy)
     states = set(node_states)

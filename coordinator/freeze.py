@@ -44,6 +44,9 @@ class FreezeSettings:
     suspend_timeout: float = 60.0
     resume_timeout: float = 120.0
     keepalive_s: float = 5.0
+    # How long a node whose agent went silent may take to answer again before it counts as
+    # lost: an agent under a keeper is started again within seconds and re-adopts its ranks.
+    rejoin_s: float = 20.0
 
 
 def _first(failures: dict[str, BaseException]) -> BaseException:
@@ -72,7 +75,10 @@ class FreezeOperation:
         stop: bool,
         settings: FreezeSettings,
         on_committed: Callable[[str], None],
+        current: Callable[[str], AgentHandle | None] | None = None,
     ) -> None:
+        """`current(name)`: the coordinator's handle on a node's agent now (a restarted agent
+        registers anew), to tell a lost node from one whose agent restarted."""
         self.spec = spec
         self.agents = list(agents)
         self.store = store
@@ -81,7 +87,11 @@ class FreezeOperation:
         self.freeze_id = f"frz-{secrets.token_hex(6)}"
         self.snapshot_id = snapshot_id(spec.job_id, datetime.now(UTC), secrets.token_hex(2))
         self._on_committed = on_committed
+        self._current = current
+        self._incarnations = {a.name: a.incarnation for a in self.agents}
         self._prepared: list[AgentHandle] = []
+        self._rejoined: list[str] = []
+        self._parking = False
         self._suspended = False
         self._resumed = False
         self._uploaded = False
@@ -102,12 +112,18 @@ class FreezeOperation:
             yield from self._run()
         except BaseException as e:
             lost = self._recover(e)
+            cause = e.cause if isinstance(e, errors.SnapshotterError) else str(e)
             if lost:
                 raise errors.FreezeFailed(
-                    f"{e.cause if isinstance(e, errors.SnapshotterError) else e}; the job "
-                    f"cannot go on ({lost}), so it was stopped on every node",
+                    f"{cause}; the job cannot go on ({lost}), so it was stopped on every node",
                     "thaw its latest snapshot (`snapshotter list --job "
                     f"{self.spec.job_id}`) onto healthy nodes with --nodes",
+                ) from e
+            if self._rejoined:
+                raise errors.FreezeFailed(
+                    f"{cause}; the agent of node(s) {', '.join(self._rejoined)} restarted "
+                    "meanwhile and took its ranks back: the job trains on, no snapshot was made",
+                    "freeze again",
                 ) from e
             raise
         finally:
@@ -138,6 +154,7 @@ class FreezeOperation:
 
         yield _phase("quiesce", targets=targets)
         t_park = time.monotonic()
+        self._parking = True
         park = agent_pb2.ParkRequest(
             job_id=self.spec.job_id, freeze_id=self.freeze_id, targets=targets,
             timeout_s=s.quiesce_timeout,
@@ -271,7 +288,48 @@ class FreezeOperation:
         job = common_pb2.JobRef(job_id=self.spec.job_id)
         out = on_all(self.agents, lambda a: a.stub.Status(job, timeout=10))
         ended = [n for n, st in out.results.items() if st.state in ("FAILED", "CANCELLED")]
-        return sorted(out.failures), sorted(ended)
+        silent = sorted(out.failures)
+        # An agent that answers may still be a new incarnation (restarted under its keeper,
+        # at the same address): it knows nothing of this freeze.
+        restarted = sorted(n for n, inc in on_all(
+            [a for a in self.agents if a.name in out.results],
+            lambda a: a.stub.Ping(common_pb2.Empty(), timeout=5).incarnation,
+        ).results.items() if inc != self._incarnations[n])  # fmt: skip
+        # Its ranks run on by themselves only when this freeze had not parked them or had
+        # resumed them already; a parked rank waits for an agent that no longer knows why.
+        if self._current is not None and (self._resumed or not self._parking):
+            left = self._await_rejoin(silent + restarted)
+            return sorted(left), sorted(ended)
+        return sorted(silent + restarted), sorted(ended)
+
+    def _await_rejoin(self, silent: list[str]) -> list[str]:
+        """Wait up to `rejoin_s` for the silent nodes' agents to come back (a new incarnation
+        that re-adopted the job's ranks); use those from now on. Returns the still silent."""
+        assert self._current is not None
+        job = common_pb2.JobRef(job_id=self.spec.job_id)
+        deadline = time.monotonic() + self.settings.rejoin_s
+        left = list(silent)
+        while left and time.monotonic() < deadline:
+            for name in list(left):
+                h = self._current(name)
+                if h is None or h.incarnation == self._incarnations[name]:
+                    continue
+                try:
+                    st = h.stub.Status(job, timeout=5)
+                except errors.SnapshotterError:
+                    continue
+                if st.state != "RUNNING":
+                    continue
+                log.warning("agent of node %s restarted during freeze %s and re-adopted the "
+                            "job's ranks", name, self.freeze_id)  # fmt: skip
+                left.remove(name)
+                self._rejoined.append(name)
+                self.agents = [h if a.name == name else a for a in self.agents]
+                # It never saw this freeze: nothing of it to finish or abort there.
+                self._prepared = [a for a in self._prepared if a.name != name]
+            if left:
+                time.sleep(0.5)
+        return left
 
     def _restore_job(self) -> None:
         if self._uploaded:

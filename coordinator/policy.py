@@ -427,8 +427,9 @@ def _backoff_s(failures: int, interval_s: float | None) -> float:
 
 
 def decide(
-    p: Policy, s: PolicyState, now: float, steps: int | None, interval_s: float | None
-) -> Due:
+    p: Policy, s: PolicyState, now: float, steps: int | None, interval_s: float | None,
+    measured: bool = True,
+) -> Due:  # fmt: skip
     """Whether the policy's next snapshot of a job is due now.
 
     `interval_s` is the effective time interval: `every_s`, or the auto interval the caller
@@ -439,6 +440,11 @@ def decide(
     consecutive failure, at most the interval, so a job that can never be quiesced is tried
     about once per interval and never hammered). A state `normalize` has not seen yet is read
     safely: a future anchor counts as now, a step counter that went back fires nothing.
+
+    `auto` before the job's freeze cost was `measured`: the first snapshot is due as soon as the
+    job trains (its step count moved past the anchor), so that the interval rests on a measured
+    cost rather than the default, and the start-up (imports, data, model build) is never lost
+    to an early failure.
     """
     if not p.active:
         return Due(False, "no periodic snapshots in this job's policy", None)
@@ -484,6 +490,10 @@ def decide(
             fired.append(f"{steps - s.anchor_steps} steps since the last snapshot")
         else:
             why_not.append(f"{p.every_steps - (steps - s.anchor_steps)} more step(s)")
+
+    if (p.auto and not measured and steps is not None and s.anchor_steps is not None
+            and steps > s.anchor_steps):  # fmt: skip
+        fired.append("the job trains and no freeze of it was measured yet (auto measures one)")
 
     if not fired:
         return Due(False, "not due: " + "; ".join(why_not), wait)

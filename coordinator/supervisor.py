@@ -119,7 +119,8 @@ class Supervisor:
         interval = self._interval(rec, pol)
         steps = life.progress.steps
         life.policy_state = policies.normalize(life.policy_state, now, steps)
-        if not policies.decide(pol, life.policy_state, now, steps, interval).due:
+        if not policies.decide(pol, life.policy_state, now, steps, interval,
+                               measured=bool(life.stalls)).due:  # fmt: skip
             return
         stalled = detect.stalled_for(life.progress, now)
         deadline = rec.spec.recovery.hang_deadline_s or DEFAULT_HANG_DEADLINE_S
@@ -132,7 +133,7 @@ class Supervisor:
     def _sample(self, rec: JobRecord, now: float) -> detect.Failure | None:
         """Sample every rank's progress (for the step rule and hang detection)."""
         pol = policy_of(rec)
-        if pol.every_steps is None and not rec.recovers:
+        if pol.every_steps is None and not pol.auto and not rec.recovers:
             return None
         ref = common_pb2.JobRef(job_id=rec.spec.job_id)
         out = on_all(self.c.job_handles(rec), lambda a: a.stub.Progress(ref, timeout=5))
@@ -266,7 +267,7 @@ def show_policy(c: Coordinator, job_id: str) -> pb.PolicyInfo:
         info.anchor_steps = life.policy_state.anchor_steps
     now = time.monotonic()
     state = policies.normalize(life.policy_state, now, steps)
-    due = policies.decide(pol, state, now, steps, interval)
+    due = policies.decide(pol, state, now, steps, interval, measured=bool(life.stalls))
     info.state = due.reason
     if due.wait_s is not None:
         info.next_in_s = due.wait_s

@@ -15,4 +15,4 @@ echo "[tests] mypy"
 echo "[tests] generated code of proto/ is current"
 "$VENV/bin/python" deploy/gen_proto.py --check
 echo "[tests] pytest"
-exec "$VENV/bin/python" -m pytest -ra "$@"
+exec "$VENV/bin/python" -m pytest -ra --durations=25 "$@"

@@ -54,6 +54,11 @@ class Paths:
         return Path(tempfile.gettempdir()) / f"snapshotter-run-{os.geteuid()}" / digest
 
     @property
+    def keeper_socket(self) -> Path:
+        """The keeper's socket (snapshotter/keeper.py), for the embedded daemon or an agent."""
+        return self.run_dir / "keeper.sock"
+
+    @property
     def default_store(self) -> str:
         return str(self.home / "store")
 

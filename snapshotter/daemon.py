@@ -76,9 +76,14 @@ def _write_atomic(path: Path, data: dict[str, Any]) -> None:
 
 
 class _Stop(threading.Event):
-    """Set by SIGTERM or SIGINT; `signum` says which."""
+    """Set by SIGTERM, SIGINT or (under a keeper) SIGHUP; `signum` says which."""
 
     signum: int | None = None
+
+    @property
+    def reload(self) -> bool:
+        """Stopping to be started again by the keeper: the ranks go on without us."""
+        return self.signum == signal.SIGHUP
 
 
 def _stop_event() -> _Stop:
@@ -88,7 +93,10 @@ def _stop_event() -> _Stop:
         stop.signum = signum
         stop.set()
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
+    sigs = [signal.SIGTERM, signal.SIGINT]
+    if os.environ.get(KEEPER_ENV):
+        sigs.append(signal.SIGHUP)  # the keeper's reload (snapshotter/keeper.py)
+    for sig in sigs:
         signal.signal(sig, handler)
     return stop
 
@@ -184,7 +192,7 @@ def serve_embedded(paths: Paths, bind_host: str = "127.0.0.1") -> int:
         except (OSError, ValueError, KeyError):
             pass
         supervisor.stop()
-        agent.shutdown()
+        agent.shutdown(keep_ranks=stop.reload)
         coord_server.stop(2)
         agent_server.stop(2)
     return 0
@@ -321,7 +329,7 @@ def serve_agent(cfg: AgentConfig) -> int:
             except errors.SnapshotterError as e:
                 log.error("could not drain before stopping: %s", e)
     finally:
-        agent.shutdown()
+        agent.shutdown(keep_ranks=stop.reload)
         server.stop(2)
         coord.close()
     return 0

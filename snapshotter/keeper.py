@@ -5,6 +5,9 @@ containers through a daemon restart).
     keeper (subreaper) -> agent process (the embedded daemon) -> rank sandboxes
 
 - It starts the agent and starts it again when it dies (not when it exits 0: a clean stop).
+  SIGHUP restarts it at once (an upgrade: the new agent re-adopts every rank). SIGTERM is
+  passed on (the agent drains its node, then both stop). A keeper killed outright takes the
+  agent with it (PR_SET_PDEATHSIG): that is the node's agent lost, not a restart.
 - It holds the agent's ends of every rank's pipes, handed to it over a unix socket with
   SCM_RIGHTS: the ranks' control channels stay open and their output keeps flowing into
   their log files while no agent runs.
@@ -43,7 +46,6 @@ from pathlib import Path
 from typing import Any
 
 log = logging.getLogger("snapshotter.keeper")
-SOCKET_NAME = "keeper.sock"
 ENV = "SNAPSHOTTER_KEEPER"  # the socket's path, for the agent it starts
 FD_NAMES = ("stdout", "stderr", "ctl_in", "ctl_out")
 MAX_MSG = 1 << 20
@@ -51,6 +53,25 @@ RESTART_BACKOFF_S = (0.5, 1.0, 2.0, 5.0, 10.0)
 # An agent that fails this soon after starting, with no rank to keep, has a cause a restart
 # will not fix (a bad store URL, a busy socket): the keeper exits with its status instead.
 EARLY_EXIT_S = 10.0
+
+
+def alive(sock_path: Path) -> bool:
+    """Whether a keeper answers at `sock_path` (an empty message is its liveness probe)."""
+    if not sock_path.exists():
+        return False
+    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
+        s.settimeout(2.0)
+        try:
+            s.connect(str(sock_path))
+        except OSError:
+            return False
+    return True
+
+
+def command(sock_path: Path, agent_argv: list[str]) -> list[str]:
+    """The command line that runs `agent_argv` under a keeper listening at `sock_path`."""
+    return [sys.executable, "-m", "snapshotter.keeper", "--socket", str(sock_path), "--",
+            *agent_argv]  # fmt: skip
 
 
 @dataclass
@@ -73,6 +94,7 @@ class Keeper:
         self.exits: dict[int, int] = {}  # sandbox init pid -> exit status (we reaped it)
         self.agent: subprocess.Popen[bytes] | None = None
         self.stopping = False
+        self.reloading = False
         self.restarts: list[float] = []
         self.started = 0.0
         self.sel = selectors.DefaultSelector()
@@ -96,6 +118,7 @@ class Keeper:
         signal.signal(signal.SIGCHLD, lambda *_: None)
         signal.signal(signal.SIGTERM, lambda *_: self._stop(signal.SIGTERM))
         signal.signal(signal.SIGINT, lambda *_: self._stop(signal.SIGINT))
+        signal.signal(signal.SIGHUP, lambda *_: self._reload())
         self.sel.register(wake_r, selectors.EVENT_READ, ("wake", None))
         self._spawn()
         code = 0
@@ -126,10 +149,22 @@ class Keeper:
         if self.agent is not None and self.agent.poll() is None:
             self.agent.send_signal(sig)
 
+    def _reload(self) -> None:
+        """Restart the agent now, without draining (SIGHUP: the agent stops, keeping its ranks
+        running, and the next one re-adopts them)."""
+        if self.agent is not None and self.agent.poll() is None and not self.stopping:
+            self.reloading = True
+            self.agent.send_signal(signal.SIGHUP)
+
     def _spawn(self) -> None:
+        from snapshotter.sandbox.spawn import die_with_parent
+
         env = dict(os.environ)
         env[ENV] = str(self.sock_path)
-        self.agent = subprocess.Popen(self.argv, env=env)  # noqa: S603 - our own daemon
+        me = os.getpid()
+        self.agent = subprocess.Popen(  # noqa: S603 - our own daemon
+            self.argv, env=env, preexec_fn=lambda: die_with_parent(me)
+        )
         self.started = time.monotonic()
         log.info("keeper %d started agent %d", os.getpid(), self.agent.pid)
 
@@ -147,6 +182,11 @@ class Keeper:
                 self.agent.returncode = code
                 if self.stopping and code in (0, -signal.SIGTERM, -signal.SIGINT):
                     return 0  # it stopped as we asked
+                if self.reloading and not self.stopping:
+                    self.reloading = False
+                    log.info("agent %d stopped for a reload (%s); starting the new one", pid, code)
+                    self._spawn()
+                    continue
                 if self.stopping or code == 0:
                     return code if code >= 0 else 128 - code
                 if time.monotonic() - self.started < EARLY_EXIT_S and not self.held:

@@ -91,25 +91,39 @@ def from_env() -> KeeperClient | None:
 
 def meta_of(
     spec: dict[str, Any], node_rank: int, p: RankPlacement, init_cwd: str,
-    remote: tuple[str, int] | None, inodes: Mapping[str, int],
+    remote: tuple[str, int] | None, inodes: Mapping[str, int], rdzv_port: int | None = None,
 ) -> dict[str, Any]:  # fmt: skip
     """What a restarted agent needs to rebuild a rank (kept by the keeper, in memory only):
-    the pipes' inodes too, which a dump names as the rank's external pipes."""
+    the pipes' inodes too, which a dump names as the rank's external pipes, and on node 0 the
+    port of the job's rendezvous server, which the next agent listens on again (the other
+    nodes' ranks know only that address)."""
     return {"job": spec, "node_rank": node_rank, "placement": asdict(p), "init_cwd": init_cwd,
-            "remote_rdzv": list(remote) if remote else None, "inodes": dict(inodes)}  # fmt: skip
+            "remote_rdzv": list(remote) if remote else None, "inodes": dict(inodes),
+            "rdzv_port": rdzv_port}  # fmt: skip
 
 
 class AdoptedSandbox(Sandbox):
     """A sandbox a previous incarnation of this agent started: not our child (the keeper is
     its parent now), so its end is seen on a pidfd and its exit status comes from the keeper."""
 
-    def __init__(self, pid: int, keeper: KeeperClient, inodes: Mapping[str, int]) -> None:
+    def __init__(
+        self, pid: int, keeper: KeeperClient, inodes: Mapping[str, int], start: str = ""
+    ) -> None:
         self.pid = pid
         self.io = RankIO({}, inodes)
         self.returncode: int | None = None
         self._keeper = keeper
         self._lock = threading.Lock()
-        self._pidfd = os.pidfd_open(pid)
+        try:
+            self._pidfd = os.pidfd_open(pid)
+            if start and start_time(pid) != start:
+                os.close(self._pidfd)
+                raise ProcessLookupError(pid)  # ended, and its pid taken by another process
+        except ProcessLookupError:
+            # It ended while no agent ran (killed with it, say): the job is re-adopted with
+            # this rank already ended, so its failure is seen and handled like any other.
+            self._pidfd = -1
+            self.returncode = self._reap()
 
     def _reap(self) -> int:
         # The keeper reaps it on SIGCHLD: give it a moment to record the status.

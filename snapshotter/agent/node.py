@@ -221,11 +221,18 @@ class NodeAgent:
         for name in dirs_to_prune(dirs, r.criu_log_dirs, live):
             shutil.rmtree(root / name, ignore_errors=True)
 
-    def shutdown(self) -> None:
+    def shutdown(self, keep_ranks: bool = False) -> None:
+        """Stop serving. Running jobs are cancelled, unless `keep_ranks` (a reload under a
+        keeper: the ranks go on and the next agent re-adopts them; their rendezvous servers
+        stop now so that it can listen on the same ports)."""
         self._closed.set()
         if self._maintainer is not threading.current_thread():
             self._maintainer.join(timeout=10)
         self.rdzv.stop_all()
         for j in self.jobs.all():
-            if not j.state.terminal:
+            if j.state.terminal:
+                continue
+            if not keep_ranks:
                 j.stop(NodeJobState.CANCELLED)
+            elif j.rdzv is not None:
+                j.rdzv.stop()

@@ -28,7 +28,10 @@ class RdzvServer:
     """Starts at construction; `address` waits for the server to report its port, so the
     start overlaps whatever the caller does meanwhile (CRIU restores, on a thaw)."""
 
-    def __init__(self, python: str, host: str, env: Mapping[str, str], timeout: float = 60.0):
+    def __init__(
+        self, python: str, host: str, env: Mapping[str, str], timeout: float = 60.0,
+        port: int = 0,
+    ) -> None:  # fmt: skip
         self.host = host
         self._python = python
         self._timeout = timeout
@@ -36,7 +39,7 @@ class RdzvServer:
         self._address: RdzvAddress | None = None
         self._lock = threading.Lock()
         self._proc = children.popen(
-            [python, "-m", "snapshotter.hook.rdzv_server", "--host", host, "--port", "0"],
+            [python, "-m", "snapshotter.hook.rdzv_server", "--host", host, "--port", str(port)],
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,

@@ -18,6 +18,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
+from snapshotter import errors
 from snapshotter.agent.keeping import AdoptedSandbox, KeeperClient, meta_of
 from snapshotter.agent.logs import KeptPump, LogPump
 from snapshotter.agent.orphans import forget, record
@@ -67,8 +68,8 @@ class Sandboxes:
             key = f"{job.spec.job_id}/{p.rank}/{pid}"
             remote = job.remote_rdzv
             meta = meta_of(job.spec.to_dict(), job.node_rank, p, init_cwd,
-                           (remote.host, remote.port) if remote else None,
-                           sandbox.io.inodes)  # fmt: skip
+                           (remote.host, remote.port) if remote else None, sandbox.io.inodes,
+                           job.rdzv.address.port if job.rdzv is not None else None)  # fmt: skip
             log_path.parent.mkdir(parents=True, exist_ok=True)
             try:
                 self.keeper.hold(key, pid, meta, log_path, [out, err, ctl_in, ctl_out])
@@ -95,8 +96,9 @@ class Sandboxes:
 
     def readopt(self, jobs: JobTable, host: str) -> list[str]:
         """Take back the sandboxes the keeper held for a previous incarnation of this agent;
-        return the jobs re-adopted. Node 0 of a job starts a new rendezvous server for it (the
-        old one ended with the old agent; ranks are told its address at their next resume)."""
+        return the jobs re-adopted. Node 0 of a job starts a new rendezvous server for it on
+        the old one's port (that ended with the old agent; the ranks of every node reach it at
+        that address at their next resume)."""
         if self.keeper is None:
             return []
         by_job: dict[str, list[dict[str, Any]]] = {}
@@ -131,7 +133,7 @@ class Sandboxes:
         spec = JobSpec.from_dict(meta0["job"])
         node_rank = int(meta0["node_rank"])
         remote = meta0.get("remote_rdzv")
-        server = RdzvServer(spec.python, host, spec.env) if remote is None else None
+        server = _rdzv_again(spec, host, meta0.get("rdzv_port")) if remote is None else None
         address = RdzvAddress(remote[0], int(remote[1])) if remote else None
         job = NodeJob(spec=spec, node_rank=node_rank, rdzv=server, remote_rdzv=address)
         for e in sorted(entries, key=lambda x: x["meta"]["placement"]["rank"]):
@@ -139,7 +141,7 @@ class Sandboxes:
             init_cwd = str(e["meta"]["init_cwd"])
             self.reserve(Path(init_cwd))
             inodes = {str(k): int(v) for k, v in e["meta"].get("inodes", {}).items()}
-            sb = AdoptedSandbox(int(e["pid"]), self.keeper, inodes)
+            sb = AdoptedSandbox(int(e["pid"]), self.keeper, inodes, str(e.get("start") or ""))
             ctl_in, ctl_out = self.keeper.fetch(e["key"])
             rt = RankRuntime(placement=p, sandbox=sb, channel=RankChannel(p.rank, ctl_in, ctl_out),
                              pump=KeptPump(), init_cwd=init_cwd)  # fmt: skip
@@ -160,3 +162,17 @@ class Sandboxes:
                 return
         if made:
             shutil.rmtree(path, ignore_errors=True)
+
+
+def _rdzv_again(spec: JobSpec, host: str, port: int | None) -> RdzvServer:
+    """Node 0's rendezvous server for a re-adopted job, on its old port when that is free."""
+    if port:
+        server = RdzvServer(spec.python, host, spec.env, port=int(port))
+        try:
+            _ = server.address
+            return server
+        except errors.ServiceUnavailable as e:
+            log.warning("job %s: rendezvous port %s is taken (%s); the ranks of other "
+                        "nodes find the new one only after a thaw", spec.job_id, port,
+                        e.cause)  # fmt: skip
+    return RdzvServer(spec.python, host, spec.env)

@@ -18,14 +18,13 @@ from __future__ import annotations
 import fcntl
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
 from pathlib import Path
 from typing import Any
 
-from snapshotter import errors
+from snapshotter import errors, keeper
 from snapshotter.config import Paths
 from snapshotter.procutil import pid_alive
 from snapshotter.rpc.client import Client, Target, coordinator_client
@@ -106,7 +105,7 @@ def _start_embedded(paths: Paths, timeout: float = 60.0) -> dict[str, Any]:
         info = read_daemon(paths)
         if info is not None:
             return info
-        if _keeper_alive(paths):
+        if keeper.alive(paths.keeper_socket):
             # Its daemon died and is being started again (it re-adopts the jobs): a second
             # daemon beside it would take the sockets and lose them.
             info = _await_daemon(paths, timeout)
@@ -122,10 +121,8 @@ def _start_embedded(paths: Paths, timeout: float = 60.0) -> dict[str, Any]:
             # a daemon crash (snapshotter/keeper.py).
             daemon = [sys.executable, "-m", "snapshotter.daemon", "embedded", "--home",
                       str(paths.home)]  # fmt: skip
-            keeper = [sys.executable, "-m", "snapshotter.keeper", "--socket",
-                      str(paths.run_dir / "keeper.sock"), "--"]  # fmt: skip
             proc = subprocess.Popen(
-                keeper + daemon,
+                keeper.command(paths.keeper_socket, daemon),
                 stdin=subprocess.DEVNULL,
                 stdout=logf,
                 stderr=logf,
@@ -151,19 +148,6 @@ def _start_embedded(paths: Paths, timeout: float = 60.0) -> dict[str, Any]:
             f"the embedded coordinator did not start; log {paths.daemon_log}:\n{tail}",
             "fix the cause shown in the log, then retry",
         )
-
-
-def _keeper_alive(paths: Paths) -> bool:
-    sock = paths.run_dir / "keeper.sock"
-    if not sock.exists():
-        return False
-    with socket.socket(socket.AF_UNIX, socket.SOCK_SEQPACKET) as s:
-        s.settimeout(2.0)
-        try:
-            s.connect(str(sock))
-        except OSError:
-            return False
-    return True
 
 
 def _await_daemon(paths: Paths, timeout: float) -> dict[str, Any] | None:

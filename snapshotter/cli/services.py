@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import re
 import socket
 import sys
@@ -88,9 +89,36 @@ def cmd_coordinator(a: argparse.Namespace) -> int:
     return daemon.serve_coordinator(cfg)
 
 
+def _under_keeper(paths: Paths) -> None:
+    """Become a keeper that runs this same agent command (exec: the service manager's main
+    process stays this pid), so that an agent crash or upgrade never costs a job its ranks.
+
+    Raises: ServiceUnavailable if another agent's keeper already serves this home.
+    """
+    from snapshotter import keeper
+
+    if keeper.alive(paths.keeper_socket):
+        raise errors.ServiceUnavailable(
+            f"an agent already runs with this SNAPSHOTTER_HOME (its keeper answers at "
+            f"{paths.keeper_socket})",
+            "stop it first (SIGTERM drains its jobs; SIGHUP restarts it and keeps them), "
+            "or give this agent its own SNAPSHOTTER_HOME",
+        )
+    paths.run_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
+    argv = keeper.command(paths.keeper_socket, [sys.executable, "-m", "snapshotter",
+                                                *sys.argv[1:]])  # fmt: skip
+    sys.stdout.flush()
+    sys.stderr.flush()
+    os.execv(argv[0], argv)
+
+
 def cmd_agent(a: argparse.Namespace) -> int:
     from snapshotter import daemon
+    from snapshotter.keeper import ENV as KEEPER_ENV
 
+    paths = Paths(default_home())
+    if a.keeper and not os.environ.get(KEEPER_ENV) and "agent" in sys.argv[1:]:
+        _under_keeper(paths)
     daemon.setup_logging()
     daemon.bound_malloc()
     name = a.name or socket.gethostname()
@@ -108,11 +136,11 @@ def cmd_agent(a: argparse.Namespace) -> int:
         token=_token(a.token_file),
     )
     cfg = daemon.AgentConfig(
-        paths=Paths(default_home()),
+        paths=paths,
         listen=listen,
         coordinator=coordinator,
         name=name,
-        store_url=a.store or store_url(Paths(default_home())),
+        store_url=a.store or store_url(paths),
         env_overrides=env,
         heartbeat_s=a.heartbeat,
         freeze_lease_s=a.freeze_lease,
@@ -202,6 +230,10 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                     help="a directory jobs may run in (with everything below it)")
     ag.add_argument("--token-file", default=None,
                     help="a token to present to a coordinator on loopback without TLS")
+    ag.add_argument("--no-keeper", dest="keeper", action="store_false",
+                    help="run without a keeper: the agent's ranks then end with it (by default "
+                    "a keeper process holds their pipes and restarts a crashed agent, which "
+                    "re-adopts them; SIGHUP to it restarts the agent for an upgrade)")
     _tls_args(ag, "the agent")
 
     ce = sub.add_parser("certs", help="make certificates for a cluster")

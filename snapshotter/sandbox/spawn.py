@@ -48,6 +48,7 @@ SPAWN_TIMEOUT_S = 30.0
 
 _PR_SET_CHILD_SUBREAPER = 36
 _PR_GET_CHILD_SUBREAPER = 37
+_PR_SET_PDEATHSIG = 1
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
@@ -196,6 +197,15 @@ def become_subreaper() -> None:
             f"prctl(PR_SET_CHILD_SUBREAPER) failed: {os.strerror(err)}",
             "run the agent on Linux >= 3.4",
         )
+
+
+def die_with_parent(parent: int) -> None:
+    """Be killed when `parent` ends (PR_SET_PDEATHSIG), as a child started by it calls between
+    fork and exec: a keeper killed outright takes its agent along (a lost node, not a restart).
+    """
+    _libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+    if os.getppid() != parent:  # it ended before the prctl took hold
+        os._exit(1)
 
 
 def is_subreaper() -> bool:

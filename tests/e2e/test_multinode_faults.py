@@ -60,7 +60,7 @@ def healthy(dep: Deployment) -> Iterator[Deployment]:
         if proc.poll() is not None:
             dep.start_agent(name)
         else:
-            proc.send_signal(signal.SIGCONT)
+            dep.kill_agent(name, signal.SIGCONT)
     dep.wait_agents(["a", "b", "c"])
     for j in dep.cli.json("jobs")["jobs"]:
         if j["state"] not in TERMINAL:
@@ -123,9 +123,43 @@ def _thaw_finishes(dep: Deployment, snapshot: str, nodes: str, out: Path) -> Non
 
 
 # ------------------------------------------------------------------------- agent killed
-@pytest.mark.parametrize("phase", ["dump", "upload"])
-def test_agent_killed_during_freeze(healthy: Deployment, tmp_path: Path, phase: str) -> None:
+def test_a_crashed_agent_never_costs_the_job(healthy: Deployment, tmp_path: Path) -> None:
+    """kill -9 of node 0's agent process while the job trains, then of node 1's during a
+    freeze's upload: each time its keeper starts it again, the new agent re-adopts the ranks
+    (node 0 serves the job's rendezvous on its old port), the job trains on, and a later
+    freeze --stop and thaw run it to the end."""
     dep = healthy
+    steps = 1000
+    out = tmp_path / "out.json"
+    job = dep.cli.start_job(out, "--steps", str(steps), "--step-sleep", "0.05", nodes="a,b")
+    dep.cli.wait_step(job, 20)
+    old = dep.crash_agent("a")
+    dep.wait_restarted("a", old)
+    assert _status(dep, job)["state"] == "RUNNING"
+    _progresses(dep, job)
+
+    op = Op(dep, "freeze", job)
+    op.wait_phase("upload")
+    old = dep.crash_agent("b")
+    code, res = op.result()
+    assert code != 0 and "restarted meanwhile" in res["error"]["cause"], res
+    dep.wait_restarted("b", old)
+    assert _status(dep, job)["state"] == "RUNNING"
+    _progresses(dep, job)
+    assert not _snapshots(dep, job)  # the failed freeze left no snapshot behind
+
+    sid = dep.cli.json("freeze", job, "--stop")["snapshot_id"]
+    assert dep.cli.json("thaw", sid)["job_id"] == job
+    st = dep.cli.wait(job)
+    assert st["state"] == "SUCCEEDED", (st, dep.logs())
+    assert json.loads(out.read_text())["steps"] == steps
+
+
+def test_agent_killed_during_freeze(healthy: Deployment, tmp_path: Path) -> None:
+    """The whole agent service of a node (keeper and agent) killed mid-freeze: the node is
+    lost, the job is stopped everywhere and an earlier snapshot thaws elsewhere."""
+    dep = healthy
+    phase = "dump"
     job, s1 = _first_snapshot(dep, tmp_path, SHORT)
     op = Op(dep, "freeze", job)
     op.wait_phase(phase)

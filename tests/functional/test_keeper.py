@@ -116,3 +116,26 @@ def test_an_agent_that_fails_at_once_is_not_restarted(tmp_path: Path) -> None:
     assert proc.returncode == 3, proc.stderr
     assert "not restarting it" in proc.stderr
     assert not (tmp_path / "k.sock").exists()
+
+
+def _agent_of(proc: subprocess.Popen[str], rank: int) -> int:
+    return _until(lambda: [c for c in _children(proc.pid) if c != rank])[0]
+
+
+def test_sighup_restarts_the_agent_and_a_killed_keeper_takes_it_along(
+    keeper: tuple[subprocess.Popen[str], KeeperClient],
+) -> None:
+    proc, client = keeper
+    assert proc.stdout is not None
+    rank = int(proc.stdout.readline())
+    agent = _agent_of(proc, rank)
+
+    proc.send_signal(signal.SIGHUP)  # an upgrade: a new agent at once, the keeper stays
+    new = _until(lambda: [c for c in _children(proc.pid) if c not in (agent, rank)])[0]
+    assert proc.poll() is None and not Path(f"/proc/{agent}").exists()
+    assert client.held() == []  # it still answers
+
+    proc.kill()  # the whole service lost: its agent must not run on without a keeper
+    proc.wait(10)
+    _until(lambda: not Path(f"/proc/{new}").exists() or
+           Path(f"/proc/{new}/stat").read_text().split()[2] == "Z")  # fmt: skip

@@ -217,11 +217,60 @@ class Deployment:
                 raise AssertionError(f"gave up waiting for {what}\n{self.logs()}")
             time.sleep(0.2)
 
+    def agent_pid(self, name: str) -> int | None:
+        """The agent process itself: the child of the node's keeper (`snapshotter agent`
+        becomes its keeper and starts the agent under it), None while none runs."""
+        for pid in children(self.agents[name].pid):  # also the orphaned rank sandboxes
+            try:
+                if b"snapshotter\0agent\0" in Path(f"/proc/{pid}/cmdline").read_bytes():
+                    return pid
+            except OSError:
+                continue
+        return None
+
     def kill_agent(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Signal the node's whole agent service (its keeper and the agent): SIGKILL is the
+        node's agent lost for good, SIGSTOP one that never answers."""
         proc = self.agents[name]
+        agent = self.agent_pid(name)
         proc.send_signal(sig)
+        if agent is not None and sig != signal.SIGKILL:
+            os.kill(agent, sig)
         if sig == signal.SIGKILL:
             proc.wait(10)
+            while agent is not None and Path(f"/proc/{agent}").exists():
+                time.sleep(0.05)  # the keeper's death kills it (PR_SET_PDEATHSIG)
+
+    def crash_agent(self, name: str) -> int:
+        """kill -9 of the agent process alone (a crash): its keeper starts it again and the
+        new agent re-adopts the node's ranks. Returns the killed pid."""
+        agent = self.agent_pid(name)
+        assert agent is not None, f"no agent runs under node {name}'s keeper"
+        os.kill(agent, signal.SIGKILL)
+        return agent
+
+    def wait_restarted(self, name: str, old_pid: int) -> None:
+        """Until node `name` runs a new agent process, registered with the coordinator."""
+        node = self.cluster[name]
+        seen: dict[str, str] = {}
+
+        def back() -> bool:
+            pid = self.agent_pid(name)
+            if pid is None or pid == old_pid:
+                return False
+            agent = agent_client(
+                Target(f"{node.ip}:{AGENT_PORT}", tls=self.tls(), server_name=name), peer="cli"
+            )
+            try:
+                seen["incarnation"] = agent.stub.Ping(common_pb2.Empty(), timeout=3).incarnation
+            except Exception:  # noqa: BLE001 - not up yet
+                return False
+            finally:
+                agent.close()
+            info = self.ping()
+            return info is not None and info["incarnations"].get(name) == seen["incarnation"]
+
+        self._wait(back, f"agent {name} to be restarted by its keeper", self.agents[name])
 
     def kill_coordinator(self) -> None:
         assert self.coord_proc is not None
@@ -323,3 +372,10 @@ def pids_in_node(cluster: Cluster, name: str) -> list[int]:
 def read_json(path: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(path.read_text())
     return data
+
+
+def children(pid: int) -> list[int]:
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []

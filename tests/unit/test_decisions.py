@@ -53,6 +53,9 @@ def test_thaw_explicit_id_must_not_be_active() -> None:
         (None, ["FROZEN"], JobPhase.FROZEN),
         (None, ["FAILED", "RUNNING"], JobPhase.RUNNING),
         (None, [], JobPhase.FAILED),
+        (None, ["UNREACHABLE"], JobPhase.RUNNING),
+        (None, ["UNREACHABLE", "SUCCEEDED"], JobPhase.RUNNING),
+        (None, ["UNREACHABLE", "FAILED"], JobPhase.FAILED),
     ],
 )
 def test_job_phase(busy: str | None, states: list[str], want: JobPhase) -> None:

@@ -351,6 +351,19 @@ def test_auto_waits_for_the_caller_to_compute_the_interval() -> None:
     assert not decide(p, s, 848.0, None, 848.5).due
 
 
+def test_auto_measures_its_first_freeze_as_soon_as_the_job_trains() -> None:
+    p = Policy(auto=True)
+    s = PolicyState(anchor=0.0, anchor_steps=0)
+    assert not decide(p, s, 5.0, 0, 900.0, measured=False).due  # still starting up
+    d = decide(p, s, 5.0, 1, 900.0, measured=False)
+    assert d.due and "measured" in d.reason
+    assert not decide(p, s, 5.0, 1, 900.0, measured=True).due  # then the interval rules
+    assert not decide(p, s, 5.0, None, 900.0, measured=False).due  # no step count: interval
+    assert not decide(Policy(every_s=900.0), s, 5.0, 1, None, measured=False).due
+    running = PolicyState(anchor=0.0, anchor_steps=0, running_since=4.0)
+    assert not decide(p, running, 5.0, 1, 900.0, measured=False).due  # never overlaps
+
+
 def test_step_rule() -> None:
     p = Policy(every_steps=100)
     s = PolicyState(anchor=0.0, anchor_steps=1000)
