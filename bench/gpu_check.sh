@@ -33,6 +33,7 @@ if [[ "${1:-}" == "--pack" ]]; then
 fi
 
 if [[ "${1:-}" == "--rehearse" ]]; then
+    .venv/bin/python bench/gpu_health_check.py --fake --seconds 1
     exec .venv/bin/python bench/gpu_check.py --driver fake --device cpu --steps 30 \
         --freeze-at 10 --width 256 --layers 2 --work "${TMPDIR:-/tmp}/snapshotter-gpu-rehearsal"
 fi
@@ -52,6 +53,7 @@ nvidia-smi --query-gpu=name,uuid,memory.total,driver_version --format=csv,nohead
 uname -r
 /opt/snapshotter/criu/bin/criu check 2>&1 | tail -5 || true   # diagnostic only: the run says more
 timeout 150 "$PY" bench/gpu_preflight.py || true
+timeout 30 "$PY" bench/gpu_health_check.py || true   # NVML: XID/ECC watcher on the real GPU
 rc=0
 timeout 420 "$PY" bench/gpu_check.py --driver cuda --device cuda "$@" || rc=$?
 if [[ -n "${OUT:-}" && -d /tmp/snapshotter-gpu-check ]]; then

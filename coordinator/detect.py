@@ -14,6 +14,7 @@ import re
 import signal
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any
 
 # A rank its agent ended because a peer failed first (fail-fast) exits by one of these.
 _ENDED_BY_AGENT = (-signal.SIGTERM, -signal.SIGKILL, 128 + signal.SIGTERM, 128 + signal.SIGKILL)
@@ -21,7 +22,7 @@ _ENDED_BY_AGENT = (-signal.SIGTERM, -signal.SIGKILL, 128 + signal.SIGTERM, 128 +
 
 @dataclass(frozen=True)
 class Failure:
-    cause: str  # rank_exit | rank_signal | node_lost | hang
+    cause: str  # rank_exit | rank_signal | node_lost | hang | gpu_error
     detail: str
     rank: int | None = None
     node: str | None = None
@@ -31,6 +32,16 @@ class Failure:
     @property
     def lost_node(self) -> bool:
         return self.cause == "node_lost"
+
+
+def gpu_failure(faults: Mapping[str, Sequence[Any]]) -> Failure | None:
+    """The first node whose GPUs reported a fatal fault (XID, uncorrected ECC) since
+    the job started there: the job must leave it. `faults` maps node -> GpuFault messages."""
+    for node, found in faults.items():
+        fatal = [f for f in found if f.fatal]
+        if fatal:
+            return Failure("gpu_error", f"node {node}: {fatal[0].detail}", node=node)
+    return None
 
 
 def signal_name(code: int) -> str | None:

@@ -46,7 +46,7 @@ class FreezeSettings:
     keepalive_s: float = 5.0
     # How long a node whose agent went silent may take to answer again before it counts as
     # lost: an agent under a keeper is started again within seconds and re-adopts its ranks.
-    rejoin_s: float = 20.0
+    rejoin_s: float = 10.0
 
 
 def _first(failures: dict[str, BaseException]) -> BaseException:
@@ -60,6 +60,16 @@ def lost_text(silent: list[str], ended: list[str]) -> str:
     if ended:
         parts.append(f"the ranks on node(s) {', '.join(ended)} ended")
     return "; ".join(parts)
+
+
+def _refuses_at_once(a: AgentHandle, within_s: float = 1.0) -> bool:
+    """Whether a call to the agent fails fast (connection refused), not by its deadline."""
+    t0 = time.monotonic()
+    try:
+        a.stub.Ping(common_pb2.Empty(), timeout=within_s * 2)
+        return True  # it answers again already
+    except errors.SnapshotterError:
+        return time.monotonic() - t0 < within_s
 
 
 def _phase(phase: str, **kw: Any) -> coordinator_pb2.FreezeEvent:
@@ -106,8 +116,7 @@ class FreezeOperation:
 
     def run(self) -> Iterator[coordinator_pb2.FreezeEvent]:
         done = threading.Event()
-        keeper = threading.Thread(target=self._keep_alive, args=(done,), daemon=True)
-        keeper.start()
+        self._keep_alive(done)
         try:
             yield from self._run()
         except BaseException as e:
@@ -131,9 +140,22 @@ class FreezeOperation:
 
     def _keep_alive(self, done: threading.Event) -> None:
         """Renew every agent's lease on this freeze while it runs: a node that is quick in a
-        phase must not give up while a slower one still works (agent/freeze.py: leases)."""
-        while not done.wait(self.settings.keepalive_s):
-            on_all(self.agents, lambda a: a.stub.KeepFreeze(self._ref(), timeout=5))
+        phase must not give up while a slower one still works (agent/freeze.py: leases).
+        One loop per node, so that a node that does not answer never delays the others'."""
+
+        def renew(name: str) -> None:
+            while not done.wait(self.settings.keepalive_s):
+                a = next((h for h in self.agents if h.name == name), None)
+                if a is None:
+                    return
+                try:
+                    a.stub.KeepFreeze(self._ref(), timeout=self.settings.keepalive_s)
+                except errors.SnapshotterError:
+                    pass  # the phase that needs it fails on its own
+
+        for a in self.agents:
+            threading.Thread(target=renew, args=(a.name,), daemon=True,
+                             name=f"keep-{a.name}").start()  # fmt: skip
 
     def _run(self) -> Iterator[coordinator_pb2.FreezeEvent]:
         s = self.settings
@@ -298,8 +320,13 @@ class FreezeOperation:
         # Its ranks run on by themselves only when this freeze had not parked them or had
         # resumed them already; a parked rank waits for an agent that no longer knows why.
         if self._current is not None and (self._resumed or not self._parking):
-            left = self._await_rejoin(silent + restarted)
-            return sorted(left), sorted(ended)
+            # Worth waiting for: a node whose port refuses at once (its kernel is alive and
+            # nothing listens: the agent is gone, and a keeper starts it again). One that
+            # does not answer at all (stopped, hung, unplugged) is lost now.
+            back = on_all([a for a in self.agents if a.name in silent], _refuses_at_once)
+            gone = [n for n in silent if not back.results.get(n)]
+            left = self._await_rejoin([n for n in silent if n not in gone] + restarted)
+            return sorted(gone + left), sorted(ended)
         return sorted(silent + restarted), sorted(ended)
 
     def _await_rejoin(self, silent: list[str]) -> list[str]:

@@ -103,6 +103,8 @@ class Supervisor:
                     "node_lost", f"node {lost[0]} is lost ({why})", node=lost[0],
                     detect_s=self.c.heartbeat_age(lost[0]),
                 )  # fmt: skip
+            if failure is None:
+                failure = detect.gpu_failure({v.node: list(v.gpu_faults) for v in views if v.node})
             if failure is None and phase is JobPhase.RECOVERING and not life.recovering:
                 failure = detect.Failure("rank_exit", "the job's ranks failed")
         if failure is None and phase is JobPhase.RUNNING:

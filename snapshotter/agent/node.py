@@ -41,13 +41,14 @@ from snapshotter.agent.runtime import JobTable, NodeJob, NodeJobState
 from snapshotter.agent.sandboxes import Sandboxes
 from snapshotter.agent.thaw import Thaws
 from snapshotter.config import Paths
-from snapshotter.gpu import auto_stage
+from snapshotter.gpu import auto_health, auto_stage
+from snapshotter.gpu.health import GpuFault, GpuHealth, fault_proto
 from snapshotter.gpu.stage import GpuStage
 from snapshotter.procutil import resources
 from snapshotter.sandbox import children
 from snapshotter.sandbox.spawn import become_subreaper
 from snapshotter.storage.api import ObjectStore
-from snapshotter.v1 import common_pb2
+from snapshotter.v1 import agent_pb2, common_pb2
 
 log = logging.getLogger(__name__)
 
@@ -69,6 +70,8 @@ class NodeSettings:
     private_tmp: bool = True
     # Builds this node's GPU stage (None: none). Unset: the real driver when there is one.
     gpu: Callable[[], GpuStage | None] | None = None
+    # Builds this node's GPU fault watcher (None: none). Unset: NVML when there is one.
+    gpu_health: Callable[[], GpuHealth | None] | None = None
     # Seconds a freeze may go without any call or keep-alive from the coordinator before the
     # agent gives up on it and resumes (or unparks) its ranks; 0 disables the lease.
     freeze_lease_s: float = 60.0
@@ -115,6 +118,7 @@ class NodeAgent:
             self._gpu, settings.netns, settings.dump_parallelism,
         )  # fmt: skip
         self.readopted = self.sandboxes.readopt(self.jobs, settings.host) if held else []
+        self.gpu_health = (settings.gpu_health or auto_health)()
         self._maintainer = threading.Thread(target=self._maintain, daemon=True, name="maintain")
         self._maintainer.start()
 
@@ -137,7 +141,21 @@ class NodeAgent:
             incarnation=self.incarnation,
             resources=common_pb2.Resources(**resources().to_dict()),
             running_jobs=self.jobs.running_ids(),
+            gpu_faults=[fault_proto(f) for f in self.gpu_faults(fatal_only=False)],
         )
+
+    def gpu_faults(self, since: float = 0.0, fatal_only: bool = True) -> list[GpuFault]:
+        """What NVML reported on this node since `since` (epoch seconds)."""
+        return self.gpu_health.faults(since, fatal_only) if self.gpu_health else []
+
+    def status(self, job_id: str) -> agent_pb2.NodeJob:
+        """A job's state here, with the fatal GPU faults since it started on this node (the
+        coordinator's supervisor moves it off a failing GPU)."""
+        job = self.jobs.get(job_id)
+        m = job.to_proto()
+        m.node = self.settings.name
+        m.gpu_faults.extend(fault_proto(f) for f in self.gpu_faults(job.started))
+        return m
 
     def wait(self, job_id: str, timeout: float) -> NodeJob:
         job = self.jobs.get(job_id)
@@ -228,6 +246,8 @@ class NodeAgent:
         self._closed.set()
         if self._maintainer is not threading.current_thread():
             self._maintainer.join(timeout=10)
+        if self.gpu_health is not None:
+            self.gpu_health.stop()
         self.rdzv.stop_all()
         for j in self.jobs.all():
             if j.state.terminal:

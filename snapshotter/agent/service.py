@@ -111,7 +111,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         )  # fmt: skip
 
     def Status(self, req: common_pb2.JobRef, ctx: Any) -> agent_pb2.NodeJob:
-        return self.agent.jobs.get(req.job_id).to_proto()
+        return self.agent.status(req.job_id)
 
     def Progress(self, req: common_pb2.JobRef, ctx: Any) -> common_pb2.JobProgress:
         return self.agent.progress(req.job_id)

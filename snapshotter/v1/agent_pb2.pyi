@@ -35,7 +35,7 @@ class LaunchRequest(_message.Message):
     def __init__(self, spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., node_rank: _Optional[int] = ..., rdzv: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ...) -> None: ...
 
 class NodeJob(_message.Message):
-    __slots__ = ("job_id", "node_rank", "state", "rdzv", "started", "ended", "ranks", "spec")
+    __slots__ = ("job_id", "node_rank", "state", "rdzv", "started", "ended", "ranks", "spec", "gpu_faults", "node")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NODE_RANK_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
@@ -44,6 +44,8 @@ class NodeJob(_message.Message):
     ENDED_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
+    GPU_FAULTS_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     node_rank: int
     state: str
@@ -52,7 +54,9 @@ class NodeJob(_message.Message):
     ended: float
     ranks: _containers.RepeatedCompositeFieldContainer[_common_pb2.RankState]
     spec: _common_pb2.JobSpec
-    def __init__(self, job_id: _Optional[str] = ..., node_rank: _Optional[int] = ..., state: _Optional[str] = ..., rdzv: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., started: _Optional[float] = ..., ended: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[_common_pb2.RankState, _Mapping]]] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ...) -> None: ...
+    gpu_faults: _containers.RepeatedCompositeFieldContainer[_common_pb2.GpuFault]
+    node: str
+    def __init__(self, job_id: _Optional[str] = ..., node_rank: _Optional[int] = ..., state: _Optional[str] = ..., rdzv: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., started: _Optional[float] = ..., ended: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[_common_pb2.RankState, _Mapping]]] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., gpu_faults: _Optional[_Iterable[_Union[_common_pb2.GpuFault, _Mapping]]] = ..., node: _Optional[str] = ...) -> None: ...
 
 class NodeJobList(_message.Message):
     __slots__ = ("jobs",)

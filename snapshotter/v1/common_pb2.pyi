@@ -271,7 +271,7 @@ class WaitRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class AgentInfo(_message.Message):
-    __slots__ = ("node", "version", "pid", "host", "incarnation", "resources", "running_jobs")
+    __slots__ = ("node", "version", "pid", "host", "incarnation", "resources", "running_jobs", "gpu_faults")
     NODE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -279,6 +279,7 @@ class AgentInfo(_message.Message):
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     RUNNING_JOBS_FIELD_NUMBER: _ClassVar[int]
+    GPU_FAULTS_FIELD_NUMBER: _ClassVar[int]
     node: str
     version: str
     pid: int
@@ -286,7 +287,24 @@ class AgentInfo(_message.Message):
     incarnation: str
     resources: Resources
     running_jobs: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, node: _Optional[str] = ..., version: _Optional[str] = ..., pid: _Optional[int] = ..., host: _Optional[str] = ..., incarnation: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., running_jobs: _Optional[_Iterable[str]] = ...) -> None: ...
+    gpu_faults: _containers.RepeatedCompositeFieldContainer[GpuFault]
+    def __init__(self, node: _Optional[str] = ..., version: _Optional[str] = ..., pid: _Optional[int] = ..., host: _Optional[str] = ..., incarnation: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., running_jobs: _Optional[_Iterable[str]] = ..., gpu_faults: _Optional[_Iterable[_Union[GpuFault, _Mapping]]] = ...) -> None: ...
+
+class GpuFault(_message.Message):
+    __slots__ = ("uuid", "kind", "code", "time", "fatal", "detail")
+    UUID_FIELD_NUMBER: _ClassVar[int]
+    KIND_FIELD_NUMBER: _ClassVar[int]
+    CODE_FIELD_NUMBER: _ClassVar[int]
+    TIME_FIELD_NUMBER: _ClassVar[int]
+    FATAL_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    uuid: str
+    kind: str
+    code: int
+    time: float
+    fatal: bool
+    detail: str
+    def __init__(self, uuid: _Optional[str] = ..., kind: _Optional[str] = ..., code: _Optional[int] = ..., time: _Optional[float] = ..., fatal: _Optional[bool] = ..., detail: _Optional[str] = ...) -> None: ...
 
 class PhaseEvent(_message.Message):
     __slots__ = ("phase", "snapshot_id", "targets", "stall_s", "bytes", "node")

@@ -26,11 +26,23 @@ TORCHRUN = Path(sys.executable).with_name("torchrun")
 def _torchrun(script: Path, out: Path, steps: str, cwd: Path) -> str:
     """The uninterrupted reference: the same script under plain torchrun, no snapshotter."""
     env = {k: v for k, v in os.environ.items() if not k.startswith("SNAPSHOTTER")}
-    subprocess.run(
-        [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", str(script),
-         "--out", str(out), "--steps", steps],  # fmt: skip
-        cwd=cwd, env=env, check=True, timeout=600, capture_output=True,
-    )  # fmt: skip
+    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", str(script),
+           "--out", str(out), "--steps", steps]  # fmt: skip
+    for attempt in (1, 2):
+        p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        try:
+            output, _ = p.communicate(timeout=300)
+            break
+        except subprocess.TimeoutExpired:
+            # Plain torchrun, no snapshotter: once here a DataLoader worker forked from a rank
+            # deadlocked in a lock a gloo thread held at the fork. Such a hang is torch's;
+            # one more try tells it from a script that never ends.
+            os.killpg(p.pid, signal.SIGKILL)
+            p.communicate()
+            if attempt == 2:
+                raise
+    assert p.returncode == 0, output.decode(errors="replace")[-3000:]
     digest: str = json.loads(out.read_text())["digest"]
     return digest
 

@@ -336,3 +336,28 @@ def test_the_agent_runs_only_allowed_interpreters_and_directories(
         coord.stub.Launch(_launch(_spec(tmp_path, sys.executable, sneaky)), timeout=10)
     assert node.jobs.all() == [] and not (node.paths.home / "sandbox").exists()
     assert coord.stub.Ping(common_pb2.Empty(), timeout=10).node == "a"
+
+
+def test_the_agent_reports_what_nvml_saw(tmp_path: Path) -> None:
+    """A GPU fault reaches the agent's Ping (and, for a job started before it, Status)."""
+    from snapshotter.gpu.health import GpuHealth
+    from snapshotter.testing.nvml_fake import FakeDevice, FakeNvml
+
+    nvml = FakeNvml([FakeDevice("GPU-0"), FakeDevice("GPU-1")])
+    settings = NodeSettings(name="a", paths=Paths(tmp_path / "home"),
+                            gpu_health=lambda: GpuHealth(nvml, poll_s=0.05).start())  # fmt: skip
+    node = NodeAgent(settings, LocalDirStore(tmp_path / "store"))
+    try:
+        assert list(node.info().gpu_faults) == []
+        nvml.xid(1, 79)
+        deadline = time.monotonic() + 10
+        while not node.info().gpu_faults:
+            assert time.monotonic() < deadline, "the fault never reached the agent"
+            time.sleep(0.05)
+        (f,) = node.info().gpu_faults
+        assert (f.uuid, f.code, f.fatal) == ("GPU-1", 79, True)
+        assert node.gpu_faults(since=f.time + 1) == []  # a job started later is not blamed
+    finally:
+        node.shutdown()
+    with pytest.raises(nvml.UninitializedError):  # the agent's shutdown closed NVML
+        nvml.device_get_count_v2()

@@ -238,8 +238,8 @@ class Deployment:
             os.kill(agent, sig)
         if sig == signal.SIGKILL:
             proc.wait(10)
-            while agent is not None and Path(f"/proc/{agent}").exists():
-                time.sleep(0.05)  # the keeper's death kills it (PR_SET_PDEATHSIG)
+            if agent is not None:  # the keeper's death kills it (PR_SET_PDEATHSIG)
+                self._wait(lambda: _dead(agent), f"agent {name} to die with its keeper", None)
 
     def crash_agent(self, name: str) -> int:
         """kill -9 of the agent process alone (a crash): its keeper starts it again and the
@@ -379,3 +379,11 @@ def children(pid: int) -> list[int]:
         return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
     except OSError:
         return []
+
+
+def _dead(pid: int) -> bool:
+    """Gone, or a zombie nobody has reaped yet (its parent died first)."""
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
+    except OSError:
+        return True

@@ -1,7 +1,7 @@
 """A soak of node agents: many short jobs in a row through the real CLI, with freezes, thaws,
 a killed rank and refused freezes among them, sampling each agent's resources after every job.
 
-Used by tests/e2e/test_agent_soak.py (CI: 60 jobs on the embedded daemon) and
+Used by tests/e2e/test_agent_soak.py (CI: 20 jobs on the embedded daemon) and
 bench/soak_bench.py (hundreds of jobs, one node and netns nodes). Resources are read from
 /proc of the agent processes directly (procutil.resources), not only from what they report.
 

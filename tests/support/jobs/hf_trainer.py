@@ -75,6 +75,10 @@ def main() -> None:
             seed=0,
             data_seed=7,
             dataloader_num_workers=1,
+            # One fork of the worker for the whole run, not one per epoch: a fork of a process
+            # whose gloo threads hold a lock can deadlock in the child (seen here once in a
+            # plain torchrun run), and each fork is a chance of it.
+            dataloader_persistent_workers=True,
             disable_tqdm=True,
         )
         trainer = Trainer(
