@@ -47,16 +47,10 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
 from tests.support.cli import TRAIN, SnapCli  # noqa: E402 - the harness tests and bench share
+from tests.support.procs import children  # noqa: E402
 from tests.support.soak import rank_process  # noqa: E402
 
 STAMP = re.compile(r"rank 0 step (\d+) loss \S+ t=(\d+\.\d+)")
-
-
-def children(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
 
 
 def kill(pids: list[int]) -> None:

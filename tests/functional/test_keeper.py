@@ -15,6 +15,7 @@ from pathlib import Path
 import pytest
 
 from snapshotter.agent.keeping import KeeperClient
+from tests.support.procs import children, dead
 
 # The stand-in agent: starts a "rank" (a child that prints, then sleeps) and reports its pid.
 AGENT = (
@@ -23,13 +24,6 @@ AGENT = (
     "print(p.pid, flush=True)\n"
     "time.sleep(120)\n"
 )
-
-
-def _children(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
 
 
 def _until(cond, timeout: float = 20.0):  # type: ignore[no-untyped-def]
@@ -54,7 +48,7 @@ def keeper(tmp_path: Path) -> Iterator[tuple[subprocess.Popen[str], KeeperClient
         _until(sock.exists)
         yield proc, KeeperClient(str(sock))
     finally:
-        for pid in _children(proc.pid):
+        for pid in children(proc.pid):
             os.kill(pid, signal.SIGKILL)
         proc.kill()
         proc.wait(10)
@@ -66,7 +60,7 @@ def test_pipes_outlive_the_agent_and_come_back(
     proc, client = keeper
     assert proc.stdout is not None
     rank = int(proc.stdout.readline())
-    (agent,) = [c for c in _children(proc.pid) if c != rank] or _children(proc.pid)
+    (agent,) = [c for c in children(proc.pid) if c != rank] or children(proc.pid)
     out_r, out_w = os.pipe()
     err_r, err_w = os.pipe()
     in_r, in_w = os.pipe()
@@ -77,7 +71,7 @@ def test_pipes_outlive_the_agent_and_come_back(
         os.close(fd)  # the keeper holds its own copies now
 
     os.kill(agent, signal.SIGKILL)  # the agent dies; the keeper starts it again
-    _until(lambda: [c for c in _children(proc.pid) if c not in (agent, rank)])
+    _until(lambda: [c for c in children(proc.pid) if c not in (agent, rank)])
     os.write(out_w, b"step 1\n")  # the rank's output still flows into its log
     os.write(err_w, b"warning\n")
     _until(lambda: log.exists() and b"step 1\nwarning\n" in log.read_bytes()
@@ -119,7 +113,7 @@ def test_an_agent_that_fails_at_once_is_not_restarted(tmp_path: Path) -> None:
 
 
 def _agent_of(proc: subprocess.Popen[str], rank: int) -> int:
-    return _until(lambda: [c for c in _children(proc.pid) if c != rank])[0]
+    return _until(lambda: [c for c in children(proc.pid) if c != rank])[0]
 
 
 def test_sighup_restarts_the_agent_and_a_killed_keeper_takes_it_along(
@@ -131,11 +125,10 @@ def test_sighup_restarts_the_agent_and_a_killed_keeper_takes_it_along(
     agent = _agent_of(proc, rank)
 
     proc.send_signal(signal.SIGHUP)  # an upgrade: a new agent at once, the keeper stays
-    new = _until(lambda: [c for c in _children(proc.pid) if c not in (agent, rank)])[0]
+    new = _until(lambda: [c for c in children(proc.pid) if c not in (agent, rank)])[0]
     assert proc.poll() is None and not Path(f"/proc/{agent}").exists()
     assert client.held() == []  # it still answers
 
     proc.kill()  # the whole service lost: its agent must not run on without a keeper
     proc.wait(10)
-    _until(lambda: not Path(f"/proc/{new}").exists() or
-           Path(f"/proc/{new}/stat").read_text().split()[2] == "Z")  # fmt: skip
+    _until(lambda: dead(new))

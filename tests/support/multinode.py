@@ -33,7 +33,7 @@ from snapshotter.rpc.tls import TlsFiles
 from snapshotter.v1 import common_pb2
 from tests.support.cli import TRAIN, SnapCli
 from tests.support.netns import Cluster, _pids_in_netns, netns_unavailable
-from tests.support.procs import CENSUS
+from tests.support.procs import CENSUS, children, dead
 
 ROOT = Path(__file__).resolve().parents[2]
 COORD_PORT = 7070
@@ -239,7 +239,7 @@ class Deployment:
         if sig == signal.SIGKILL:
             proc.wait(10)
             if agent is not None:  # the keeper's death kills it (PR_SET_PDEATHSIG)
-                self._wait(lambda: _dead(agent), f"agent {name} to die with its keeper", None)
+                self._wait(lambda: dead(agent), f"agent {name} to die with its keeper", None)
 
     def crash_agent(self, name: str) -> int:
         """kill -9 of the agent process alone (a crash): its keeper starts it again and the
@@ -372,18 +372,3 @@ def pids_in_node(cluster: Cluster, name: str) -> list[int]:
 def read_json(path: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(path.read_text())
     return data
-
-
-def children(pid: int) -> list[int]:
-    try:
-        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
-    except OSError:
-        return []
-
-
-def _dead(pid: int) -> bool:
-    """Gone, or a zombie nobody has reaped yet (its parent died first)."""
-    try:
-        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] == "Z"
-    except OSError:
-        return True

@@ -47,6 +47,19 @@ def _state(pid: int) -> str:
         return "X"
 
 
+def dead(pid: int) -> bool:
+    """Gone, or a zombie nobody has reaped yet (its parent died first)."""
+    return _state(pid) in ("X", "Z")
+
+
+def children(pid: int) -> list[int]:
+    """The direct children of `pid` (none once it is gone)."""
+    try:
+        return [int(c) for c in Path(f"/proc/{pid}/task/{pid}/children").read_text().split()]
+    except OSError:
+        return []
+
+
 def describe(pid: int) -> str:
     try:
         argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
