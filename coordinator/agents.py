@@ -57,10 +57,14 @@ class AgentHandle:
 
 
 def on_all(
-    agents: Iterable[AgentHandle], fn: Callable[[AgentHandle], R]
+    agents: Iterable[AgentHandle],
+    fn: Callable[[AgentHandle], R],
+    first_failure: Callable[[AgentHandle, BaseException], None] | None = None,
 ) -> parallel.Outcome[str, R]:
-    """`fn` on every agent at once; results and failures by agent name."""
-    return parallel.each(agents, fn, key=lambda a: a.name, name="agents")
+    """`fn` on every agent at once; results and failures by agent name (`first_failure`: as
+    `parallel.each`)."""
+    return parallel.each(agents, fn, key=lambda a: a.name, first_failure=first_failure,
+                         name="agents")  # fmt: skip
 
 
 def open_rdzv_req(spec: JobSpec) -> agent_pb2.OpenRdzvRequest:

@@ -137,10 +137,17 @@ class ThawOperation:
                 timeout=None,
             )  # fmt: skip
 
-        out = on_all(self.agents, restore)
+        job = common_pb2.JobRef(job_id=self.spec.job_id)
+
+        def cancel_the_others(failed: AgentHandle, _: BaseException) -> None:
+            # The other nodes' ranks would wait for the failed node's ranks until their resume
+            # deadline: stop them now, so the thaw fails at once and no partial job runs.
+            on_all([a for a in self.agents if a is not failed],
+                   lambda a: a.stub.Cancel(job, timeout=60))  # fmt: skip
+
+        out = on_all(self.agents, restore, first_failure=cancel_the_others)
         if out.failures:
             # Nodes that did restore must not run a partial job.
-            job = common_pb2.JobRef(job_id=self.spec.job_id)
             on_all([a for a in self.agents if a.name in out.results],
                    lambda a: a.stub.Cancel(job, timeout=60))  # fmt: skip
             self._discard(ops)

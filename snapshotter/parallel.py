@@ -8,7 +8,7 @@ of one item never stops the others; the caller decides what the failures mean.
 from __future__ import annotations
 
 from collections.abc import Callable, Hashable, Iterable
-from concurrent.futures import Future, ThreadPoolExecutor, wait
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor, wait
 from dataclasses import dataclass, field
 from typing import Generic, TypeVar
 
@@ -42,12 +42,15 @@ def each(
     workers: int | None = None,
     timeout: float | None = None,
     overdue: Callable[[T, float], BaseException] | None = None,
+    first_failure: Callable[[T, BaseException], None] | None = None,
     name: str = "each",
 ) -> Outcome[K, R]:
     """`fn(item)` for every item on up to `workers` threads (default: one per item).
 
     With `timeout`, a call still running then counts as failed (`overdue(item, timeout)`, or a
     TimeoutError) and is left to finish in the background; without, every call is waited for.
+    `first_failure(item, error)` runs once, as soon as the first call fails, while the others
+    may still run: the caller can cut short what would only wait for the failed one.
     """
     todo = list(items)
     out: Outcome[K, R] = Outcome()
@@ -58,6 +61,8 @@ def each(
     )
     try:
         futs: list[tuple[T, Future[R]]] = [(it, pool.submit(fn, it)) for it in todo]
+        if first_failure is not None:
+            _on_first_failure(futs, first_failure, timeout)
         done, _ = wait([f for _, f in futs], timeout=timeout)
         for it, f in futs:
             k = key(it)
@@ -77,3 +82,16 @@ def each(
         return out
     finally:
         pool.shutdown(wait=timeout is None, cancel_futures=timeout is not None)
+
+
+def _on_first_failure(
+    futs: list[tuple[T, Future[R]]], hook: Callable[[T, BaseException], None], timeout: float | None
+) -> None:
+    """Wait until every call ended or one failed (or `timeout`); on a failure, run `hook`."""
+    item_of = {id(f): it for it, f in futs}
+    done, _ = wait([f for _, f in futs], timeout=timeout, return_when=FIRST_EXCEPTION)
+    for f in done:
+        e = f.exception()
+        if e is not None:
+            hook(item_of[id(f)], e)
+            return

@@ -182,7 +182,7 @@ def test_policy_snapshots_a_lost_node_replaced_by_a_spare_and_a_drain(
     p = cli.run("run", "--detach", "--nnodes", "2", "--nproc-per-node", "2", "--nodes", "a,b",
                 "--snapshot-every", "8s", "--keep", "2", "--recover", "auto", "--spares", "c",
                 str(TRAIN), "--out", str(out), "--steps", str(STEPS),
-                "--step-sleep", "0.3")  # fmt: skip
+                "--step-sleep", "0.3", "--workers", "0")  # fmt: skip
     job = p.stdout.strip().splitlines()[-1]
 
     def events(kind: str) -> list[dict]:

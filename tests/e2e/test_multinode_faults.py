@@ -30,9 +30,12 @@ from tests.support.netns import Cluster
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
 LEASE_S = 8.0  # agents give up on a freeze nobody drives after this long
-LONG = ("--steps", "100000", "--step-sleep", "0.05")  # runs until the test ends it
-SHORT_STEPS = 500
-SHORT = ("--steps", str(SHORT_STEPS), "--step-sleep", "0.05")
+# No DataLoader worker processes: these tests are about the control plane, and a rank without
+# workers dumps a third of the bytes (workers are frozen and thawed in test_freeze_thaw).
+FAST = ("--step-sleep", "0.05", "--workers", "0")
+LONG = ("--steps", "100000", *FAST)  # runs until the test ends it
+SHORT_STEPS = 300
+SHORT = ("--steps", str(SHORT_STEPS), *FAST)
 TERMINAL = {"FROZEN", "SUCCEEDED", "FAILED", "CANCELLED"}
 
 
@@ -114,6 +117,15 @@ def _first_snapshot(dep: Deployment, tmp_path: Path, args: tuple[str, ...] = LON
     return job, s1
 
 
+def _thaw_trains(dep: Deployment, snapshot: str, nodes: str) -> None:
+    """The earlier snapshot is usable: thawed onto healthy nodes, every rank trains on from it
+    (test_agent_killed_during_freeze runs one to the end)."""
+    job = dep.cli.json("thaw", snapshot, "--nodes", nodes, "--job-id", f"re-{time.time_ns()}")
+    _progresses(dep, job["job_id"])
+    assert _status(dep, job["job_id"])["nodes"] == nodes.split(",")
+    dep.cli.run("cancel", job["job_id"])
+
+
 def _thaw_finishes(dep: Deployment, snapshot: str, nodes: str, out: Path) -> None:
     """The earlier snapshot is usable: thawed onto healthy nodes, the job runs to the end."""
     job = dep.cli.json("thaw", snapshot, "--nodes", nodes, "--job-id", f"re-{time.time_ns()}")
@@ -129,9 +141,9 @@ def test_a_crashed_agent_never_costs_the_job(healthy: Deployment, tmp_path: Path
     (node 0 serves the job's rendezvous on its old port), the job trains on, and a later
     freeze --stop and thaw run it to the end."""
     dep = healthy
-    steps = 1000
+    steps = 400
     out = tmp_path / "out.json"
-    job = dep.cli.start_job(out, "--steps", str(steps), "--step-sleep", "0.05", nodes="a,b")
+    job = dep.cli.start_job(out, "--steps", str(steps), *FAST, nodes="a,b")
     dep.cli.wait_step(job, 20)
     old = dep.crash_agent("a")
     dep.wait_restarted("a", old)
@@ -191,7 +203,7 @@ def test_agent_killed_during_restore(healthy: Deployment, tmp_path: Path) -> Non
     dep.start_agent("c")
     dep.wait_agents(["c"])
     _no_ranks_left(dep)
-    _thaw_finishes(dep, s1, "a,c", tmp_path / "out.json")
+    _thaw_trains(dep, s1, "a,c")
 
 
 # ------------------------------------------------------------------------- coordinator killed
@@ -290,13 +302,14 @@ def test_rank_crash_during_quiesce(healthy: Deployment, tmp_path: Path) -> None:
     _wait_state(dep, job, {"FAILED", "CANCELLED"})
     _no_ranks_left(dep)
     assert _snapshots(dep, job) == [s1]
-    _thaw_finishes(dep, s1, "a,c", tmp_path / "out.json")
+    _thaw_trains(dep, s1, "a,c")
 
 
 def test_node_that_never_answers(healthy: Deployment, tmp_path: Path) -> None:
     dep = healthy
     # Slower steps: the job must still be training when the freeze gives up on node b.
-    job, s1 = _first_snapshot(dep, tmp_path, ("--steps", str(SHORT_STEPS), "--step-sleep", "0.12"))
+    slow = ("--steps", "500", "--step-sleep", "0.12", "--workers", "0")
+    job, s1 = _first_snapshot(dep, tmp_path, slow)
     dep.kill_agent("b", signal.SIGSTOP)
     t0 = time.monotonic()
     code, res = Op(dep, "freeze", job).result(timeout=240)
@@ -309,4 +322,4 @@ def test_node_that_never_answers(healthy: Deployment, tmp_path: Path) -> None:
     assert st["state"] != "SUCCEEDED", st
     _no_ranks_left(dep)
     assert _snapshots(dep, job) == [s1]
-    _thaw_finishes(dep, s1, "a,c", tmp_path / "out.json")
+    _thaw_trains(dep, s1, "a,c")

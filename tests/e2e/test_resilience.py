@@ -31,7 +31,9 @@ from tests.support.soak import rank_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 STEPS = "400"
-PACE = ("--step-sleep", "0.1")
+# No DataLoader workers: a third of the bytes to freeze (the digest does not depend on them;
+# workers are frozen and thawed in test_freeze_thaw).
+PACE = ("--step-sleep", "0.1", "--workers", "0")
 
 
 @pytest.fixture(scope="module")
@@ -146,7 +148,7 @@ def test_sigterm_to_a_foreground_run_freezes_and_stops_it(
     out = tmp_path / "out.json"
     fg = subprocess.Popen(
         [sys.executable, "-m", "snapshotter", "run", "--nproc-per-node", "2", "--job-id",
-         "preempted", "--preempt-grace", "10", str(TRAIN), "--out", str(out), "--steps", STEPS,
+         "preempted", "--preempt-grace", "30", str(TRAIN), "--out", str(out), "--steps", STEPS,
          *PACE],
         env=cli.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip

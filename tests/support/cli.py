@@ -18,6 +18,7 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "train_ddp.py"
+TRACE = os.environ.get("SNAPSHOTTER_TEST_TRACE") == "1"
 
 
 class SnapCli:
@@ -35,6 +36,7 @@ class SnapCli:
     def run(
         self, *args: str, check: bool = True, timeout: float = 300, cwd: Path | None = None
     ) -> subprocess.CompletedProcess[str]:
+        t0 = time.monotonic()
         p = subprocess.run(
             [sys.executable, "-m", "snapshotter", *args],
             env=self.env,
@@ -44,6 +46,8 @@ class SnapCli:
             timeout=timeout,
         )
         self._remember()
+        if TRACE:  # SNAPSHOTTER_TEST_TRACE=1: where a slow test's time goes
+            print(f"[cli {time.monotonic() - t0:6.1f}s] {' '.join(args)[:100]}", file=sys.stderr)
         if check and p.returncode != 0:
             raise AssertionError(
                 f"snapshotter {' '.join(args)} exited {p.returncode}\n"

@@ -28,7 +28,7 @@ from tests.support.cli import SnapCli
 JOB_ARGS = ("--steps", "30", "--step-sleep", "0.02", "--workers", "1")
 FREEZE_JOB_ARGS = ("--steps", "80", "--step-sleep", "0.03", "--workers", "1")
 KILL_AT = 7
-REFUSE_AFTER = (4, 11)
+REFUSE_AFTER = (4, 8)
 
 
 @dataclass(frozen=True)
