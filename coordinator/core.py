@@ -228,6 +228,16 @@ class Coordinator:
             raise errors.JobNotFound(job_id)
         return rec
 
+    def share_policy(self, rec: JobRecord) -> list[str]:
+        """Hand the job's policy to its agents, which keep it with the job's spec (a restarted
+        coordinator re-learns it from them); the nodes that did not take it."""
+        req = agent_pb2.JobPolicy(job_id=rec.spec.job_id, policy=rec.spec.policy)
+        out = on_all(self._handles(rec), lambda a: a.stub.SetPolicy(req, timeout=10))
+        for node, e in out.failures.items():
+            log.warning("job %s: node %s did not take the new policy: %s", rec.spec.job_id,
+                        node, e)  # fmt: skip
+        return list(out.failures)
+
     def _handles(self, rec: JobRecord) -> list[AgentHandle]:
         """The job's agents in node-rank order (nodes not yet re-learned are left out)."""
         with self._lock:

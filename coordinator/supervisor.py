@@ -244,7 +244,9 @@ def set_policy(c: Coordinator, req: pb.SetPolicyRequest) -> pb.PolicyInfo:
     rec.life.policy_state = policies.reanchor(
         rec.life.policy_state, time.monotonic(), rec.life.progress.steps
     )
-    rec.life.add("policy", detail=new.describe())
+    missed = c.share_policy(rec)
+    note = f" (not kept on node(s) {', '.join(missed)}: they did not answer)" if missed else ""
+    rec.life.add("policy", detail=new.describe() + note)
     return show_policy(c, req.job_id)
 
 def show_policy(c: Coordinator, job_id: str) -> pb.PolicyInfo:

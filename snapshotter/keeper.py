@@ -23,6 +23,7 @@ Requests are one JSON object per SOCK_SEQPACKET message (fds ride along), answer
     {"op":"list"}                          -> {"ok":true,"held":[{key,pid,start,meta,exit}]}
     {"op":"fetch","key":K}                 -> {"ok":true} + fds [ctl_in, ctl_out]
     {"op":"release","key":K}               -> {"ok":true}
+    {"op":"respec","job_id":J,"job":{...}} -> {"ok":true,"changed":N}  (meta.job of J's ranks)
 
 It imports nothing but the standard library and snapshotter.sandbox.spawn's subreaper call:
 it must stay small, and it is never upgraded while jobs run.
@@ -248,6 +249,13 @@ class Keeper:
         if op == "fetch":
             h = self.held[str(msg["key"])]
             return {"ok": True}, [os.dup(h.fds["ctl_in"]), os.dup(h.fds["ctl_out"])]
+        if op == "respec":  # the job's spec changed (a policy set after launch)
+            job_id = str(msg["job_id"])
+            mine = [h for h in self.held.values()
+                    if not h.released and h.meta.get("job", {}).get("job_id") == job_id]
+            for h in mine:
+                h.meta["job"] = dict(msg["job"])
+            return {"ok": True, "changed": len(mine)}, []
         if op == "release":
             gone = self.held.get(str(msg["key"]))
             if gone is not None:

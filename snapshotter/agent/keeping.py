@@ -72,6 +72,10 @@ class KeeperClient:
             raise errors.Internal(f"the keeper gave {len(fds)} fds for {key}", "see the log")
         return fds[0], fds[1]
 
+    def respec(self, job_id: str, spec: dict[str, Any]) -> int:
+        """The spec a restarted agent re-adopts `job_id` with; how many ranks it changed."""
+        return int(self._call({"op": "respec", "job_id": job_id, "job": spec})[0]["changed"])
+
     def release(self, key: str) -> None:
         with contextlib.suppress(errors.SnapshotterError):
             self._call({"op": "release", "key": key})

@@ -183,6 +183,18 @@ class NodeAgent:
             job.stop(NodeJobState.CANCELLED)
         return job
 
+    def set_policy(self, job_id: str, policy: common_pb2.Policy) -> NodeJob:
+        """The job's policy as `policy set|clear` changed it: a restarted coordinator re-learns
+        it from here, a restarted agent from its keeper."""
+        job = self.jobs.get(job_id)
+        job.spec = job.spec.with_policy(policy)
+        if self.keeper is not None and job.ranks:
+            try:
+                self.keeper.respec(job_id, job.spec.to_dict())
+            except errors.SnapshotterError as e:  # an older keeper: the next agent has the old
+                log.warning("job %s: the keeper keeps its launch policy (%s)", job_id, e)
+        return job
+
     def logs(
         self, job_id: str, rank: int | None, offset: int, follow: bool
     ) -> Iterator[common_pb2.LogChunk]:

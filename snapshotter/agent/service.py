@@ -130,6 +130,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             return agent_pb2.NodeJob(job_id=req.job_id, state="CANCELLED")
         return job.to_proto()
 
+    def SetPolicy(self, req: agent_pb2.JobPolicy, ctx: Any) -> agent_pb2.NodeJob:
+        return self.agent.set_policy(req.job_id, req.policy).to_proto()
+
     def Logs(self, req: common_pb2.LogsRequest, ctx: Any) -> Iterator[common_pb2.LogChunk]:
         rank = req.rank if req.HasField("rank") else None
         return self.agent.logs(req.job_id, rank, req.offset, req.follow)

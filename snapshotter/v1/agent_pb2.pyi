@@ -7,6 +7,14 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class JobPolicy(_message.Message):
+    __slots__ = ("job_id", "policy")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    POLICY_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    policy: _common_pb2.Policy
+    def __init__(self, job_id: _Optional[str] = ..., policy: _Optional[_Union[_common_pb2.Policy, _Mapping]] = ...) -> None: ...
+
 class OpenRdzvRequest(_message.Message):
     __slots__ = ("job_id", "python", "env")
     class EnvEntry(_message.Message):

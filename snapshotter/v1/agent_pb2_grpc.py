@@ -145,6 +145,11 @@ class AgentStub:
                 request_serializer=snapshotter_dot_v1_dot_common__pb2.JobRef.SerializeToString,
                 response_deserializer=snapshotter_dot_v1_dot_agent__pb2.NodeJob.FromString,
                 _registered_method=True)
+        self.SetPolicy = channel.unary_unary(
+                '/snapshotter.v1.Agent/SetPolicy',
+                request_serializer=snapshotter_dot_v1_dot_agent__pb2.JobPolicy.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_agent__pb2.NodeJob.FromString,
+                _registered_method=True)
         self.Logs = channel.unary_stream(
                 '/snapshotter.v1.Agent/Logs',
                 request_serializer=snapshotter_dot_v1_dot_common__pb2.LogsRequest.SerializeToString,
@@ -291,6 +296,14 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def SetPolicy(self, request, context):
+        """A policy changed after launch (`policy set|clear`): kept with the job's spec on this node
+        (and by its keeper), so a restarted coordinator re-learns it from the agents.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Logs(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -408,6 +421,11 @@ def add_AgentServicer_to_server(servicer, server):
             'Cancel': grpc.unary_unary_rpc_method_handler(
                     servicer.Cancel,
                     request_deserializer=snapshotter_dot_v1_dot_common__pb2.JobRef.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_agent__pb2.NodeJob.SerializeToString,
+            ),
+            'SetPolicy': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetPolicy,
+                    request_deserializer=snapshotter_dot_v1_dot_agent__pb2.JobPolicy.FromString,
                     response_serializer=snapshotter_dot_v1_dot_agent__pb2.NodeJob.SerializeToString,
             ),
             'Logs': grpc.unary_stream_rpc_method_handler(
@@ -1009,6 +1027,33 @@ class Agent:
             target,
             '/snapshotter.v1.Agent/Cancel',
             snapshotter_dot_v1_dot_common__pb2.JobRef.SerializeToString,
+            snapshotter_dot_v1_dot_agent__pb2.NodeJob.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetPolicy(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapshotter.v1.Agent/SetPolicy',
+            snapshotter_dot_v1_dot_agent__pb2.JobPolicy.SerializeToString,
             snapshotter_dot_v1_dot_agent__pb2.NodeJob.FromString,
             options,
             channel_credentials,

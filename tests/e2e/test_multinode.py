@@ -32,7 +32,11 @@ from tests.support.seaweed import SeaweedServer, weed_binary
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 
 STEPS = 300
-ARGS = ("--steps", str(STEPS), "--step-sleep", "0.05")
+# No DataLoader workers: a third of the bytes to freeze (workers are frozen and thawed in
+# test_freeze_thaw; the digest does not depend on them, nor on --step-sleep).
+ARGS = ("--steps", str(STEPS), "--step-sleep", "0.05", "--workers", "0")
+# A job a freeze-and-continue must not outlast, however slow the machine.
+PACED = ("--steps", str(STEPS), "--step-sleep", "0.15", "--workers", "0")
 
 
 @pytest.fixture(scope="module")
@@ -79,7 +83,7 @@ def test_freeze_stop_then_thaw_onto_other_nodes_is_bit_identical(
 ) -> None:
     cli = deployment.cli
     out = tmp_path / "out.json"
-    job = cli.start_job(out, *ARGS, nodes="a,b")
+    job = cli.start_job(out, *PACED, nodes="a,b")
     cli.wait_step(job, 40)
 
     # Freeze-and-continue first: the job must go on, and the snapshot is whole.
@@ -120,7 +124,7 @@ def test_s3_down_during_upload_then_back(deployment: Deployment, tmp_path: Path)
     cli = deployment.cli
     server: SeaweedServer = deployment.server  # type: ignore[attr-defined]
     job = cli.start_job(tmp_path / "out.json", "--steps", "100000", "--step-sleep", "0.05",
-                        nodes="a,b")  # fmt: skip
+                        "--workers", "0", nodes="a,b")  # fmt: skip
     try:
         cli.wait_step(job, 20)
         op = Op(deployment, "freeze", job)

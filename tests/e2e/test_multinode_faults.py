@@ -218,6 +218,8 @@ def test_coordinator_killed_during_freeze(
     dep.cli.wait_step(job, 55 if phase == "quiesce" else 20)
     if phase == "quiesce":
         dep.cli.wait_step(job, 60)
+    if phase == "upload":  # a policy set after launch outlives the coordinator
+        dep.cli.json("policy", "set", job, "--snapshot-every", "1h", "--keep", "3")
     op = Op(dep, "freeze", job)
     op.wait_phase(phase)
     dep.kill_coordinator()
@@ -228,6 +230,9 @@ def test_coordinator_killed_during_freeze(
     dep.wait_agents(["a", "b", "c"])
     st = _wait_state(dep, job, {"RUNNING"})  # re-learned from the agents
     assert st["nodes"] == ["a", "b"] and len(st["ranks"]) == 4
+    if phase == "upload":  # re-learned from the agents with the job's spec
+        shown = dep.cli.json("policy", "show", job)
+        assert shown["interval_s"] == 3600 and shown["policy"]["keep"] == 3, shown
     _progresses(dep, job, timeout=LEASE_S + 120)
     listed = _snapshots(dep, job)
     if phase != "commit":

@@ -80,6 +80,11 @@ def test_pipes_outlive_the_agent_and_come_back(
     # The orphaned rank was reparented to the keeper, which reaped it and kept its status.
     (held,) = client.held()
     assert held["key"] == "job/0/1" and held["meta"] == {"job": {"job_id": "job"}}
+    # A policy set after launch: the next agent re-adopts the job with the new spec.
+    assert client.respec("job", {"job_id": "job", "policy": {"keep": 3}}) == 1
+    assert client.respec("other", {"job_id": "other"}) == 0
+    (held,) = client.held()
+    assert held["meta"] == {"job": {"job_id": "job", "policy": {"keep": 3}}}
     _until(lambda: client.exit_code(rank) is not None, timeout=30)
     assert client.exit_code(rank) == 7
 
