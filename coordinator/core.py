@@ -24,6 +24,7 @@ from snapshotter.coordinator import policy as policies
 from snapshotter.coordinator.agents import AgentHandle, on_all, open_rdzv_req
 from snapshotter.coordinator.decisions import JobPhase, exit_code, job_phase, place, thaw_job_id
 from snapshotter.coordinator.freeze import FreezeOperation, FreezeSettings
+from snapshotter.coordinator.journal import Journal
 from snapshotter.coordinator.life import JobLife
 from snapshotter.coordinator.thaw import ThawOperation
 from snapshotter.launch.spec import JobSpec, new_job_id, validate_job_id
@@ -92,6 +93,8 @@ class Coordinator:
         self.prior_node_mtbf_s = float(
             os.environ.get("SNAPSHOTTER_PRIOR_NODE_MTBF_S", policies.DEFAULT_PRIOR_NODE_MTBF_S)
         )
+        # Each job's events and recoveries, kept in the store for the next coordinator.
+        self.journal = Journal(store)
         self._lock = threading.Lock()
 
     # ---- agents ------------------------------------------------------------------------------
@@ -164,6 +167,9 @@ class Coordinator:
                     for snap in list_snapshots(self.store, "").snapshots:
                         by_job.setdefault(snap.job_id, []).append(snap.snapshot_id)
                 rec.snapshots = by_job.get(spec.job_id, [])
+                kept = self.journal.read(spec.job_id)
+                if kept is not None:
+                    rec.life = kept  # its events and recoveries from before our restart
                 log.info("learned job %s from agent %s", spec.job_id, agent.name)
 
     def _live(self, a: AgentHandle, now: float) -> bool:
@@ -312,11 +318,22 @@ class Coordinator:
     def _forget_finished(self) -> None:
         """Keep the newest `keep_finished_jobs` finished jobs (none older than a week): a
         coordinator that runs for weeks must not grow with the jobs it has seen."""
+        forgotten = []
         with self._lock:
             finished = {j: r.ended for j, r in self._jobs.items() if r.ended is not None}
             for j in jobs_to_forget(finished, time.time(), self.keep_finished_jobs, WEEK_S):
                 if self._jobs[j].busy is None:
                     self._jobs.pop(j, None)
+                    forgotten.append(j)
+        if forgotten:
+            self.journal.forget(forgotten)
+
+    def keep_lives(self) -> None:
+        """Write the events of every job whose life changed to the store (the supervisor's
+        tick calls this)."""
+        with self._lock:
+            lives = [(j, r.life) for j, r in self._jobs.items()]
+        self.journal.save_changed(lives)
 
     def _phase(self, rec: JobRecord, views: list[agent_pb2.NodeJob] | None = None) -> JobPhase:
         if views is None:
@@ -578,6 +595,9 @@ class Coordinator:
         spec = spec0.with_job_id(job_id)
         agents = self._place(spec.nnodes, list(req.nodes))
         rec = JobRecord(spec=spec, nodes=[a.name for a in agents], busy="THAWING", thawed_from=snap)
+        # A job this coordinator does not know (frozen before its restart) goes on with its
+        # history from the store.
+        kept = self.journal.read(job_id) if job_id not in known else None
         with self._lock:
             if job_id in self._jobs and self._jobs[job_id].busy:
                 raise errors.InvalidArgument(
@@ -588,6 +608,8 @@ class Coordinator:
                 rec.snapshots = list(prev.snapshots)
                 # The same job goes on: its events, policy state and recoveries with it.
                 rec.life = prev.life
+            elif kept is not None:
+                rec.life = kept
             self._jobs[job_id] = rec
             self.reading.add(snap)
         if not recovering:

@@ -3,7 +3,8 @@ the failure (or None), out. The supervisor (supervisor.py) samples and acts.
 
     rank failure  a rank exited non-zero or by a signal (the agent ends its peers: fail-fast)
     node lost     the node's agent missed its heartbeats for the coordinator's TTL
-    hang          every rank alive, yet no rank issued a collective for `deadline` seconds;
+    hang          every rank alive, yet no rank issued a collective for `deadline` seconds
+                  (once the job's first collective was issued: start-up is no hang);
                   the rank behind is the one that stopped answering (or is stopped), else the
                   one that issued the fewest collectives on a group where its peers issued more
 """
@@ -132,7 +133,7 @@ def stalled_for(p: Progress, now: float) -> float | None:
 def hang(
     p: Progress, samples: Sequence[RankSample], now: float, deadline_s: float
 ) -> Failure | None:
-    if not samples or not p.seen or not p.answering:
+    if not samples or not p.seen or not p.answering or not _collectives_began(p):
         return None
     changed = [p.seen[s.rank][2] for s in samples if s.rank in p.seen]
     if len(changed) < len(samples):
@@ -150,6 +151,12 @@ def hang(
         rank=behind,
         detect_s=stalled_for,
     )
+
+
+def _collectives_began(p: Progress) -> bool:
+    """Some rank issued a collective. Before that the job starts up (imports, data, model:
+    minutes for a large job, seconds more on a busy node), which is no hang."""
+    return any(n > 0 for key, _, _ in p.seen.values() for _, n in key)
 
 
 def behind_rank(samples: Sequence[RankSample]) -> int | None:

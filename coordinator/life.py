@@ -41,11 +41,15 @@ class JobLife:
     # The background thread working on this job (a policy freeze or a recovery), if any.
     worker: threading.Thread | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Counts the events added: what journal.py keeps in the store is rewritten when it moves
+    # (every change worth keeping comes with an event).
+    changes: int = 0
 
     def add(self, kind: str, **kw: object) -> pb.JobEvent:
         ev = pb.JobEvent(time=time.time(), kind=kind, **kw)  # type: ignore[arg-type]
         with self.lock:
             self.events.append(ev)
+            self.changes += 1
         return ev
 
     def newest(self, n: int = STATUS_EVENTS) -> list[pb.JobEvent]:

@@ -63,6 +63,10 @@ class Supervisor:
         self._stop.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
+        try:
+            self.c.keep_lives()  # what changed since the last tick, for the next coordinator
+        except Exception:  # noqa: BLE001 - stopping must not fail on the store
+            log.exception("could not keep the jobs' events at stop")
 
     def _loop(self) -> None:
         while not self._stop.wait(self.tick_s):
@@ -77,6 +81,7 @@ class Supervisor:
                 self._job(rec)
             except errors.SnapshotterError as e:
                 log.warning("supervising job %s: %s", rec.spec.job_id, e)
+        self.c.keep_lives()
 
     # ---- one job ---------------------------------------------------------------------------
 

@@ -230,9 +230,11 @@ def test_coordinator_killed_during_freeze(
     dep.wait_agents(["a", "b", "c"])
     st = _wait_state(dep, job, {"RUNNING"})  # re-learned from the agents
     assert st["nodes"] == ["a", "b"] and len(st["ranks"]) == 4
-    if phase == "upload":  # re-learned from the agents with the job's spec
-        shown = dep.cli.json("policy", "show", job)
+    if phase == "upload":  # re-learned from the agents with the job's spec, and its events
+        shown = dep.cli.json("policy", "show", job)  # from the store
         assert shown["interval_s"] == 3600 and shown["policy"]["keep"] == 3, shown
+        kinds = [e["kind"] for e in dep.cli.json("events", job)["events"]]
+        assert "policy" in kinds, kinds
     _progresses(dep, job, timeout=LEASE_S + 120)
     listed = _snapshots(dep, job)
     if phase != "commit":

@@ -95,3 +95,18 @@ def test_ranks_that_never_answer_are_no_hang() -> None:
     p = detect.observe(p, silent, now=100.0)
     assert not p.answering
     assert detect.hang(p, silent, now=1000.0, deadline_s=10.0) is None
+
+
+def test_start_up_before_the_first_collective_is_no_hang() -> None:
+    """The ranks answer from the moment the hook is in, long before a large job's first
+    collective (imports, data, model build; slower still on a busy node)."""
+    starting = [RankSample(rank=r, answered=True, counts={}, steps=0) for r in (0, 1)]
+    p = detect.observe(detect.Progress(), starting, now=0.0)
+    p = detect.observe(p, starting, now=50.0)
+    assert p.answering and detect.hang(p, starting, now=100.0, deadline_s=10.0) is None
+    # From the first collective on, the deadline counts.
+    began = [RankSample(rank=r, answered=True, counts={"g": 1}, steps=0) for r in (0, 1)]
+    p = detect.observe(p, began, now=101.0)
+    assert detect.hang(p, began, now=105.0, deadline_s=10.0) is None
+    f = detect.hang(p, began, now=112.0, deadline_s=10.0)
+    assert f is not None and f.cause == "hang"
