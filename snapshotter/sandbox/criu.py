@@ -45,7 +45,7 @@ from pathlib import Path
 from typing import Any
 
 from snapshotter.errors import CriuFailed, CriuUnavailable, SandboxError
-from snapshotter.procutil import sandbox_pids
+from snapshotter.procutil import proc_state, sandbox_pids
 from snapshotter.sandbox import children
 from snapshotter.sandbox.images import ensure_mountpoints, ensure_socket_dirs, has_mount_ns
 from snapshotter.sandbox.spawn import PIPE_NAMES, Sandbox, is_subreaper, netns_path, new_pipes
@@ -61,6 +61,8 @@ GHOST_LIMIT = 1 << 30
 TAIL_LINES = 15
 _INSTALL_HINT = "run deploy/install-criu.sh (or set $SNAPSHOTTER_CRIU to a CRIU >= 4.2)"
 _SWRK_EXIT_TIMEOUT = 30.0
+# How often a running dump checks that its tree is whole.
+WATCH_S = 0.3
 # A CRIU call still running after this is stuck (a dump moves GB/s; these are hours of it).
 DUMP_TIMEOUT_S = 3600.0
 RESTORE_TIMEOUT_S = 3600.0
@@ -182,7 +184,14 @@ def dump(
     start = time.monotonic()
     try:
         with _root_cwd_lock(pid):
-            _call(pycriu, "dump", images_dir, log_dir, log_name, configure, (), netns, timeout)
+            before = _dead_tasks(pid)  # zombies of the tree CRIU dumps as such
+
+            def gave_out() -> str | None:
+                died = _dead_tasks(pid) - before
+                return f"process(es) {sorted(died)} of the tree died in the dump" if died else None
+
+            _call(pycriu, "dump", images_dir, log_dir, log_name, configure, (), netns, timeout,
+                  gave_out=gave_out)  # fmt: skip
         if while_stopped is not None:
             while_stopped(images_dir)
     finally:
@@ -276,6 +285,7 @@ def _call(
     pass_fds: Iterable[int],
     netns: Path | None,
     timeout: float,
+    gave_out: Callable[[], str | None] | None = None,
 ) -> Any:
     """One RPC request to a private `criu swrk`; returns pycriu's answer (resp.dump/.restore).
     A swrk still working after `timeout` seconds is killed: the RPC then fails like any
@@ -308,6 +318,10 @@ def _call(
         watchdog = threading.Timer(timeout, _kill_overdue, args=(swrk, action, timeout))
         watchdog.daemon = True
         watchdog.start()
+        done = threading.Event()
+        if gave_out is not None:
+            threading.Thread(target=_watch, args=(swrk, action, gave_out, done), daemon=True,
+                             name=f"criu-{action}-watch").start()  # fmt: skip
         try:
             client = pycriu.criu()
             client.use_fd(ours.fileno())
@@ -330,6 +344,7 @@ def _call(
                 first=first_error(log_path),
             ) from e  # fmt: skip
         finally:
+            done.set()
             watchdog.cancel()
             ours.close()
             os.close(images_fd)
@@ -343,6 +358,27 @@ def continue_tree(pid: int) -> None:
     for p in [pid, *sandbox_pids(pid)]:
         with contextlib.suppress(ProcessLookupError):
             os.kill(p, signal.SIGCONT)
+
+
+def _dead_tasks(pid: int) -> set[int]:
+    """The tree's tasks that died and are not reaped. One that dies while CRIU holds the tree
+    stays so (its parent is seized too), and CRIU waits for it to trap: for minutes, seen here
+    when a rank was killed during its dump."""
+    return {p for p in [pid, *sandbox_pids(pid)] if proc_state(p) in ("Z", "X")}
+
+
+def _watch(
+    swrk: subprocess.Popen[bytes], action: str, gave_out: Callable[[], str | None],
+    done: threading.Event,
+) -> None:  # fmt: skip
+    """Kill swrk once `gave_out` names a reason: CRIU then fails at once, and its ptrace
+    seizure ends, so what is left of the tree runs on."""
+    while not done.wait(WATCH_S):
+        why = gave_out()
+        if why is not None and not done.is_set():
+            log.warning("criu %s stopped (pid %d): %s", action, swrk.pid, why)
+            swrk.kill()
+            return
 
 
 def _kill_overdue(swrk: subprocess.Popen[bytes], action: str, timeout: float) -> None:

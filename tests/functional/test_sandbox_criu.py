@@ -406,3 +406,43 @@ def test_a_failed_restore_leaves_no_process_and_no_zombie(
     left = [(pid, state, comm) for pid, state, comm in child_processes() if pid not in before]
     assert left == [], f"the failed restore left children behind: {left}"
     assert sb.poll() is None  # the original is untouched
+
+
+BIG = """
+import sys, time
+block = bytearray(700 << 20)
+for i in range(0, len(block), 4096):
+    block[i] = i % 251  # every page touched: the dump writes them all
+print("ready", flush=True)
+time.sleep(600)
+"""
+
+
+@pytest.mark.timeout(120)
+def test_a_rank_killed_during_its_dump_fails_the_dump_at_once(
+    sandboxes: Sandboxes, tmp_path: Path
+) -> None:
+    """A task killed while CRIU holds its tree stays a zombie nobody can reap, and CRIU waits
+    for it to trap (3 minutes, seen in a resilience test): the dump ends CRIU instead, fails,
+    and the rest of the tree runs on (the init here; its agent then ends the job)."""
+    prog = tmp_path / "big.py"
+    prog.write_text(BIG)
+    sb = sandboxes.spawn(prog)
+    Lines(sb.io.stdout).wait_for("^ready$", timeout=60)
+    rank = int(Path(f"/proc/{sb.pid}/task/{sb.pid}/children").read_text().split()[0])
+    log_dir = tmp_path / "log"
+
+    def kill_mid_dump() -> None:
+        for _ in range(3000):  # once CRIU dumps pages through its parasite
+            logs = list(log_dir.glob("dump-*.log")) if log_dir.is_dir() else []
+            if logs and b"Sent msg to daemon" in logs[0].read_bytes():
+                break
+            threading.Event().wait(0.002)
+        os.kill(rank, 9)
+
+    killer = threading.Thread(target=kill_mid_dump)
+    killer.start()
+    with pytest.raises(CriuFailed):
+        criu.dump(sb.pid, tmp_path / "img", leave_running=True, log_dir=log_dir)
+    killer.join()
+    assert sb.wait(30) is not None  # the init saw its rank die and ended
