@@ -1,6 +1,7 @@
 """Draining one job off a node that is going away (preemption, maintenance).
 
-freeze   freeze-and-stop, bounded by the grace period (quiesce gets half of it)
+freeze   freeze-and-stop, bounded by the grace period (quiesce gets half of what is left
+         once a freeze or thaw already under way, a policy snapshot say, has ended)
 fallback the freeze did not commit in time: the job's newest committed snapshot is what
          it resumes from (it keeps running until the node goes; a freeze still under way
          may yet commit)
@@ -10,6 +11,7 @@ thaw     --recover auto: thawed on healthy nodes (never a draining one)
 from __future__ import annotations
 
 import threading
+import time
 from typing import TYPE_CHECKING
 
 from snapshotter import errors, parallel
@@ -24,14 +26,29 @@ if TYPE_CHECKING:
 pb = coordinator_pb2
 
 
+DRAINED = (JobPhase.RUNNING, JobPhase.FREEZING, JobPhase.THAWING)
+
+
+def _idle(c: Coordinator, job_id: str, deadline: float) -> JobRecord:
+    """The job's record once no freeze or thaw holds it (or at `deadline`)."""
+    rec = c.job(job_id)
+    while rec.busy is not None and time.monotonic() < deadline:
+        time.sleep(0.2)
+        rec = c.job(job_id)
+    return rec
+
+
 def drain_job(c: Coordinator, rec: JobRecord, node: str, grace_s: float) -> pb.DrainedJob:
     job_id = rec.spec.job_id
     out = pb.DrainedJob(job_id=job_id)
     done: list[str] = []
     failed: list[BaseException] = []
+    deadline = time.monotonic() + grace_s
 
     def freeze() -> None:
-        req = pb.FreezeRequest(job_id=job_id, stop=True, quiesce_timeout_s=max(grace_s / 2, 1.0))
+        _idle(c, job_id, deadline)  # a policy freeze under way ends first
+        left = max(deadline - time.monotonic(), 1.0)
+        req = pb.FreezeRequest(job_id=job_id, stop=True, quiesce_timeout_s=max(left / 2, 1.0))
         try:
             for ev in c.freeze(req):
                 if ev.HasField("done"):
@@ -85,7 +102,8 @@ def drain_node(c: Coordinator, req: pb.DrainRequest) -> pb.DrainReply:
     if grace <= 0:
         raise errors.InvalidArgument(f"--grace {grace} must be positive", "give seconds > 0")
     c.drain_mark(node)
-    running = [r for r in c.jobs_on(node) if c.phase_of(r) is JobPhase.RUNNING]
+    # A job in a freeze or thaw (a policy snapshot, a recovery) is drained too, once that ends.
+    running = [r for r in c.jobs_on(node) if c.phase_of(r) in DRAINED]
     out = parallel.each(running, lambda r: drain_job(c, r, node, grace),
                         key=lambda r: r.spec.job_id, name="drain")  # fmt: skip
     reply = pb.DrainReply(node=node)

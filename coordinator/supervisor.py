@@ -121,8 +121,8 @@ class Supervisor:
         if phase is not JobPhase.RUNNING:
             return
         pol = policy_of(rec)
-        if not pol.active:
-            return
+        if not pol.active or set(rec.nodes) & self.c.draining:
+            return  # a node of the job is being drained: its drain freezes it
         interval = self._interval(rec, pol)
         steps = life.progress.steps
         life.policy_state = policies.normalize(life.policy_state, now, steps)

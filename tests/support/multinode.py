@@ -132,7 +132,10 @@ class Deployment:
         env = {k: v for k, v in os.environ.items() if not k.startswith("SNAPSHOTTER_")}
         env.update(self.store_env)
         env.update({"SNAPSHOTTER_HOME": str(home), "PYTHONUNBUFFERED": "1",
-                    "PYTHONPATH": str(ROOT)})  # fmt: skip
+                    "PYTHONPATH": str(ROOT),
+                    # A stopping agent's drain: a 2x2 freeze-and-stop through S3 on a busy
+                    # 2-core machine can outlast the 30 s default.
+                    "SNAPSHOTTER_DRAIN_GRACE_S": "120"})  # fmt: skip
         return env
 
     # ---------------------------------------------------------------- services
