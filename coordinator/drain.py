@@ -29,13 +29,10 @@ pb = coordinator_pb2
 DRAINED = (JobPhase.RUNNING, JobPhase.FREEZING, JobPhase.THAWING)
 
 
-def _idle(c: Coordinator, job_id: str, deadline: float) -> JobRecord:
-    """The job's record once no freeze or thaw holds it (or at `deadline`)."""
-    rec = c.job(job_id)
-    while rec.busy is not None and time.monotonic() < deadline:
+def _await_idle(c: Coordinator, job_id: str, deadline: float) -> None:
+    """Until no freeze or thaw holds the job (its record is replaced by a thaw), or `deadline`."""
+    while c.job(job_id).busy is not None and time.monotonic() < deadline:
         time.sleep(0.2)
-        rec = c.job(job_id)
-    return rec
 
 
 def drain_job(c: Coordinator, rec: JobRecord, node: str, grace_s: float) -> pb.DrainedJob:
@@ -46,7 +43,7 @@ def drain_job(c: Coordinator, rec: JobRecord, node: str, grace_s: float) -> pb.D
     deadline = time.monotonic() + grace_s
 
     def freeze() -> None:
-        _idle(c, job_id, deadline)  # a policy freeze under way ends first
+        _await_idle(c, job_id, deadline)  # a policy freeze under way ends first
         left = max(deadline - time.monotonic(), 1.0)
         req = pb.FreezeRequest(job_id=job_id, stop=True, quiesce_timeout_s=max(left / 2, 1.0))
         try:

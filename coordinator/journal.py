@@ -78,7 +78,6 @@ def load(job_id: str, data: bytes) -> JobLife:
         raise ValueError("snapshot_steps is not an object")
     life.snapshot_steps = {str(k): int(v) for k, v in steps.items()
                            if isinstance(v, int) and not isinstance(v, bool)}  # fmt: skip
-    life.changes = 0
     return life
 
 

@@ -147,7 +147,8 @@ class ThawOperation:
 
         out = on_all(self.agents, restore, first_failure=cancel_the_others)
         if out.failures:
-            # Nodes that did restore must not run a partial job.
+            # Nodes that did restore must not run a partial job (again: a restore that had not
+            # reached its agent when the first failure cancelled the others may have run since).
             on_all([a for a in self.agents if a.name in out.results],
                    lambda a: a.stub.Cancel(job, timeout=60))  # fmt: skip
             self._discard(ops)

@@ -88,10 +88,9 @@ def _on_first_failure(
     futs: list[tuple[T, Future[R]]], hook: Callable[[T, BaseException], None], timeout: float | None
 ) -> None:
     """Wait until every call ended or one failed (or `timeout`); on a failure, run `hook`."""
-    item_of = {id(f): it for it, f in futs}
     done, _ = wait([f for _, f in futs], timeout=timeout, return_when=FIRST_EXCEPTION)
-    for f in done:
-        e = f.exception()
+    for it, f in futs:
+        e = f.exception() if f in done else None
         if e is not None:
-            hook(item_of[id(f)], e)
+            hook(it, e)
             return
