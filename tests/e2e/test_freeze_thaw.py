@@ -91,7 +91,10 @@ def test_thaw_a_fork_while_the_original_runs(
     snap: SnapCli, tmp_path: Path, reference: dict
 ) -> None:
     out = tmp_path / "out.json"
-    job = snap.start_job(out, *ARGS)
+    # Paced (the digest does not depend on it: see test_fork_with_live_persistent_workers...)
+    # so that the original still runs when the fork is thawed, however busy the machine: a
+    # thaw of a snapshot whose job has finished continues that job instead of forking it.
+    job = snap.start_job(out, "--steps", STEPS, "--step-sleep", "0.2")
     snap.wait_step(job, 40)
     snapshot = snap.run("freeze", job).stdout.strip().splitlines()[-1]
     # The fork is the same process image, so it writes the same --out path: check the
