@@ -20,6 +20,11 @@ class BuildPy(build_py):
         super().run()
         if getattr(self, "editable_mode", False):
             return
+        # The hook's native path is built on the node against the job's torch
+        # (`python -m snapshotter.hook.native --build`): its source travels with the package.
+        src = Path(self.build_lib) / "snapshotter" / "hook" / "_src"
+        src.mkdir(parents=True, exist_ok=True)
+        shutil.copy(Path("csrc") / "gate.cpp", src / "gate.cpp")
         out = Path(self.build_lib) / "snapshotter" / "sandbox" / "_bin" / "snapinit"
         out.parent.mkdir(parents=True, exist_ok=True)
         cc = shutil.which("cc") or shutil.which("gcc")

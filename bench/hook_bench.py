@@ -7,11 +7,13 @@ job under plain torchrun, for three workloads of bench/hook_job.py on 2 CPU rank
   ddp-many   DDP, 0.05 MB buckets (12 allreduces a step)
   fsdp2      FSDP2 fully_shard per layer (all-gathers and reduce-scatters, ~36 a step)
 
-Runs are paired and alternate which goes first; each run reports its median step time after a
-warm-up; the table gives the medians over the pairs and the median of the per-pair ratios
-(target <= 1.01). These machines are shared and noisy: read the ratio, not the milliseconds.
+Three arms a round: plain torchrun, the hook on its native path (csrc/gate.cpp, the default) and
+the hook on its Python fallback (SNAPSHOTTER_NATIVE_HOOK=0; --no-python-path skips it). The order
+rotates per round; each run reports its median step time after a warm-up; the table gives the
+medians over the rounds and the median of the per-round ratios to torchrun (target <= 1.01).
+These machines are shared and noisy: read the ratio, not the milliseconds.
 
-Usage: python bench/hook_bench.py [--pairs 5] [--steps 300] [--json out.json]
+Usage: python bench/hook_bench.py [--pairs 5] [--steps 300] [--no-python-path] [--json out.json]
 Needs the README's install (deploy/install.sh --with-job-deps); no CRIU dump is taken.
 """
 
@@ -73,43 +75,52 @@ def main() -> int:
     ap.add_argument("--pairs", type=int, default=5)
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--workload", choices=[*WORKLOADS, "all"], default="all")
+    ap.add_argument("--no-python-path", action="store_true",
+                    help="skip the hook's Python fallback (SNAPSHOTTER_NATIVE_HOOK=0)")  # fmt: skip
     ap.add_argument("--json", type=Path)
     a = ap.parse_args()
     report: dict[str, Any] = {}
     with tempfile.TemporaryDirectory(prefix="hook-bench-") as tmp:
         work = Path(tmp)
-        cli = SnapCli(work / "home")
+        clis = {"native": SnapCli(work / "home")}
+        if not a.no_python_path:
+            clis["python"] = SnapCli(work / "home-py", {"SNAPSHOTTER_NATIVE_HOOK": "0"})
         try:
             for name, wargs in WORKLOADS.items():
                 if a.workload not in (name, "all"):
                     continue
                 args = [*wargs, "--steps", str(a.steps)]
-                runs: list[tuple[float, float]] = []
+                arms = ["torchrun", *clis]
+                runs: dict[str, list[float]] = {arm: [] for arm in arms}
                 per_step = None
                 for i in range(a.pairs):
-                    if i % 2 == 0:
-                        p, h = plain(args, work), hooked(cli, args)
-                    else:
-                        h, p = hooked(cli, args), plain(args, work)
-                    runs.append((p["median_step_ms"], h["median_step_ms"]))
-                    per_step = h.get("collectives_per_step")
-                    print(f"[{name}] pair {i + 1}/{a.pairs}: torchrun {p['median_step_ms']:.3f} "
-                          f"ms, snapshotter {h['median_step_ms']:.3f} ms", flush=True)  # fmt: skip
-                ratios = [h / p for p, h in runs]
-                report[name] = {
-                    "collectives_per_step": per_step,
-                    "torchrun_ms": round(statistics.median(p for p, _ in runs), 3),
-                    "snapshotter_ms": round(statistics.median(h for _, h in runs), 3),
-                    "ratio_median": round(statistics.median(ratios), 3),
-                    "ratios": [round(r, 3) for r in ratios],
-                }
+                    # Each round runs every arm once, in an order that rotates per round.
+                    order = arms[i % len(arms):] + arms[: i % len(arms)]
+                    for arm in order:
+                        r = plain(args, work) if arm == "torchrun" else hooked(clis[arm], args)
+                        runs[arm].append(r["median_step_ms"])
+                        if arm != "torchrun":
+                            per_step = r.get("collectives_per_step")
+                    print(f"[{name}] round {i + 1}/{a.pairs}: " + ", ".join(
+                        f"{arm} {runs[arm][-1]:.3f} ms" for arm in arms), flush=True)  # fmt: skip
+                entry: dict[str, Any] = {"collectives_per_step": per_step}
+                for arm in arms:
+                    entry[f"{arm}_ms"] = round(statistics.median(runs[arm]), 3)
+                for arm in clis:
+                    ratios = [h / p for p, h in zip(runs["torchrun"], runs[arm], strict=True)]
+                    entry[f"{arm}_ratio_median"] = round(statistics.median(ratios), 3)
+                    entry[f"{arm}_ratios"] = [round(r, 3) for r in ratios]
+                report[name] = entry
         finally:
-            cli.close()
-    print(f"\n{'workload':<10} {'coll/step':>9} {'torchrun ms':>12} {'snapshotter ms':>15} "
-          f"{'ratio':>7}")  # fmt: skip
+            for cli in clis.values():
+                cli.close()
+    cols = ["native", *(["python"] if not a.no_python_path else [])]
+    print(f"\n{'workload':<10} {'coll/step':>9} {'torchrun ms':>12} "
+          + " ".join(f"{c + ' ms':>10} {c + ' ratio':>13}" for c in cols))  # fmt: skip
     for name, r in report.items():
         print(f"{name:<10} {r['collectives_per_step']!s:>9} {r['torchrun_ms']:>12.3f} "
-              f"{r['snapshotter_ms']:>15.3f} {r['ratio_median']:>7.3f}")  # fmt: skip
+              + " ".join(f"{r[c + '_ms']:>10.3f} {r[c + '_ratio_median']:>13.3f}"
+                         for c in cols))  # fmt: skip
     if a.json:
         a.json.write_text(json.dumps(report, indent=2))
     return 0

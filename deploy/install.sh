@@ -4,7 +4,8 @@
 #   CRIU >= 4.2 and pycriu (deploy/install-criu.sh),
 #   a virtual environment with snapshotter (versions from constraints.txt) and, with
 #   --with-job-deps, the demo/test job's own dependencies (the CPU build of torch==2.13.0: the
-#   job's dependency, not snapshotter's), the sandbox init built from csrc/, and the
+#   job's dependency, not snapshotter's) and the hook's native path built against it
+#   (csrc/gate.cpp), the sandbox init built from csrc/, and the
 #   `snapshotter` command on PATH (/usr/local/bin/snapshotter -> the venv's).
 #   --gpu adds the GPU path's dependencies (cuda-python); --systemd installs the units of
 #   deploy/systemd/ and an environment file template (/etc/snapshotter/snapshotter.env).
@@ -37,6 +38,8 @@ fi
 
 need_pkgs=()
 command -v cc >/dev/null 2>&1 || need_pkgs+=(gcc libc6-dev)
+# The hook's native collective path (csrc/gate.cpp) is C++, built against the job's torch.
+[ "$JOB_DEPS" = 1 ] && { command -v g++ >/dev/null 2>&1 || need_pkgs+=(g++); }
 command -v ip >/dev/null 2>&1 || need_pkgs+=(iproute2)
 command -v nsenter >/dev/null 2>&1 || need_pkgs+=(util-linux)
 if [ ${#need_pkgs[@]} -gt 0 ]; then
@@ -64,13 +67,21 @@ if [ "$JOB_DEPS" = 1 ]; then
   # The tests also run jobs on the trainers people use; installed with torch so that pip
   # never reaches for a CUDA build to satisfy them.
   [ "$TEST_DEPS" = 1 ] && trainers=(transformers accelerate)
-  "${PIP[@]}" "torch==2.13.0" numpy "${trainers[@]}"
+  # ninja: torch's extension builder needs it for the hook's native path.
+  "${PIP[@]}" "torch==2.13.0" numpy ninja "${trainers[@]}"
 fi
 
 bash "$ROOT/deploy/install-criu.sh" --python "$VENV/bin/python"
 
 say "building the sandbox init (csrc/snapinit.c)"
 "$VENV/bin/python" -c "from snapshotter.sandbox.initbin import snapinit_path; print(snapinit_path())"
+
+if [ "$JOB_DEPS" = 1 ]; then
+  # Against the torch just installed; a job whose torch differs runs the hook's Python path
+  # (and its log says so). Run the same command with another torch to build for it.
+  say "building the hook's native collective path (csrc/gate.cpp) for the job's torch"
+  PATH="$VENV/bin:$PATH" "$VENV/bin/python" -m snapshotter.hook.native --build
+fi
 
 # The command on PATH, for operators and for the systemd units (which name this path).
 ln -sfn "$VENV/bin/snapshotter" /usr/local/bin/snapshotter

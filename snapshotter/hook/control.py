@@ -52,9 +52,13 @@ class Hook:
 
     def install_torch(self) -> None:
         """Patch torch.distributed so every group and store it creates is resumable."""
+        import torch  # noqa: F401 - native.load() looks for the torch this rank imported
+
+        from snapshotter.hook import native
         from snapshotter.hook.rdzv import RdzvRegistry, wrap_rendezvous
         from snapshotter.hook.resumable import GroupRegistry, install
 
+        self.barrier = self._native_barrier(native) or self.barrier
         self.groups = GroupRegistry(self.barrier, self.owned)
         self.rdzv = RdzvRegistry(self.owned)
         wrap_rendezvous(self.rdzv, self.barrier.setup)
@@ -65,6 +69,24 @@ class Hook:
             warn(f"optimizer steps are not counted ({e}); progress reports 0 steps")
             return
         register_optimizer_step_post_hook(self._count_step)
+
+    def _native_barrier(self, native: Any) -> Any:
+        """The native gate when it is built for this torch (no group exists yet to move)."""
+        try:
+            ext = native.load()
+        except Exception as e:  # noqa: BLE001 - a broken build: the Python path still works
+            warn(f"the hook's native path did not load ({type(e).__name__}: {e}); every "
+                 "collective pays for the Python path; rebuild with deploy/install.sh")  # fmt: skip
+            return None
+        if ext is None:
+            if os.environ.get(native.ENV_VAR, "1") != "0":
+                import torch
+
+                warn(f"the hook's native path is not built for torch {torch.__version__}: "
+                     "collectives issued from C++ (DDP, FSDP) pay for the Python path; "
+                     "`python -m snapshotter.hook.native --build` builds it")  # fmt: skip
+            return None
+        return native.NativeBarrier(ext, self._on_parked)
 
     def _count_step(self, optimizer: Any, args: Any, kwargs: Any) -> None:
         # Runs on the training thread after every optimizer.step(): one increment, no lock and
@@ -138,7 +160,8 @@ class Hook:
     # ---- ops -----------------------------------------------------------------------------
 
     def _op_ping(self, freeze: str, msg: dict[str, Any]) -> None:
-        self.send(protocol.pong(os.getpid(), self.rank))
+        native = getattr(self.barrier, "ext", None) is not None
+        self.send(protocol.pong(os.getpid(), self.rank, native))
 
     def _op_progress(self, freeze: str, msg: dict[str, Any]) -> None:
         # Answered in every barrier state and also when the hook is disabled (0 steps, no

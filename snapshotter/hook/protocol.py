@@ -4,7 +4,7 @@ One JSON object per line, on two pipes the agent owns (the rank's fds 3 and 4, w
 keeps at the same numbers across a dump and restore)::
 
     agent -> rank (command)                         rank -> agent (reply)
-    {"op":"ping"}                                   {"op":"pong","pid":P,"rank":R}
+    {"op":"ping"}                                   {"op":"pong","pid":P,"rank":R,"native":B}
     {"op":"prepare","freeze":ID}                    {"op":"counts","freeze":ID,
                                                      "counts":{GROUP:n}}
     {"op":"park","freeze":ID,"targets":{GROUP:n}}   {"op":"parked","freeze":ID,
@@ -158,8 +158,9 @@ def rdzv_of(msg: Msg) -> tuple[str, int, str, dict[str, str]]:
 # ---- replies (rank -> agent) --------------------------------------------------------------
 
 
-def pong(pid: int, rank: int) -> Msg:
-    return {"op": "pong", "pid": pid, "rank": rank}
+def pong(pid: int, rank: int, native: bool = False) -> Msg:
+    """`native`: the rank's collectives take the hook's native path (snapshotter/hook/native.py)."""
+    return {"op": "pong", "pid": pid, "rank": rank, "native": native}
 
 
 def counts(freeze: str, issued: Mapping[str, int]) -> Msg:

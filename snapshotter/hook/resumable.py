@@ -57,12 +57,13 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import FakeProcessGroup
 
-from snapshotter.hook.barrier import QuiesceBarrier, channel
+from snapshotter.hook.barrier import channel
 from snapshotter.hook.sockets import Owned
 
 _REAL_GLOO: Any = c10d.ProcessGroupGloo
 BACKEND_NAME = "snapshotter-gloo"
 _GLOO = dist.ProcessGroup.BackendType.GLOO
+_CUSTOM = dist.ProcessGroup.BackendType.CUSTOM
 _REAL_NCCL: Any = getattr(c10d, "ProcessGroupNCCL", None)  # None in CPU-only torch builds
 NCCL_BACKEND_NAME = "snapshotter-nccl"
 
@@ -415,19 +416,86 @@ class _Handle(dist.Work):
         return int(work._source_rank())
 
 
-class GroupRegistry:
-    """Every resumable group of this rank, in creation order, and what tears them down."""
+class NativeGlooGroup:
+    """A gloo group on the native path (csrc/gate.cpp): torch's own ProcessGroup holds a
+    `CountingBackend`, which counts every op on the native gate and forwards it to the real
+    gloo backend this record builds and drops. Nothing of it runs in Python between freezes."""
 
-    def __init__(self, barrier: QuiesceBarrier, owned: Owned) -> None:
+    def __init__(
+        self,
+        registry: GroupRegistry,
+        key: str,
+        rank: int,
+        size: int,
+        timeout: timedelta,
+        global_ranks: list[int],
+    ) -> None:
+        self._registry = registry
+        self._rank = rank
+        self._size = size
+        self._timeout = timeout
+        self._global_ranks = list(global_ranks)
+        native: Any = registry.native
+        self.backend: Any = native.CountingBackend(
+            rank, size, registry.barrier.gate, key, BACKEND_NAME
+        )
+        # torch's helper writes the group's ranks and name here, as on a ProcessGroupGloo.
+        self.backend.options = _Options(list(global_ranks), key, timeout)
+
+    @property
+    def key(self) -> str:
+        return str(self.backend.key)
+
+    def destroyed(self) -> bool:
+        return bool(self.backend.destroyed())
+
+    def _build(self, store: dist.Store) -> None:
+        with self._registry.owned.track():
+            real = _REAL_GLOO(store, self._rank, self._size, timeout=self._timeout)
+            real.options.global_ranks_in_group = self._global_ranks
+            real.options.group_name = self.key
+            real._set_sequence_number_for_group()
+        self.backend.set_inner(real)
+
+    def _teardown(self) -> None:
+        self.backend.clear_inner()
+
+    @staticmethod
+    def settle_registration(pg: Any, backend: Any) -> None:
+        """Make the group's own name "custom", not "gloo": C++ code that sees "gloo" casts
+        the registered backend to ProcessGroupGloo (DDP's Logger reads its thread count), and
+        ours is a CountingBackend. dist.get_backend() reads torch's own table: still "gloo"."""
+        for device in list(pg._device_types):
+            pg._register_backend(torch.device(device), _CUSTOM, backend)
+        pg._set_default_backend(_CUSTOM)
+
+
+class GroupRegistry:
+    """Every resumable group of this rank, in creation order, and what tears them down.
+
+    With `barrier` a NativeBarrier (snapshotter/hook/native.py), gloo groups take the native
+    path (NativeGlooGroup); NCCL groups, and every group without it, the Python one."""
+
+    def __init__(self, barrier: Any, owned: Owned) -> None:
         self.barrier = barrier
         self.owned = owned
+        self.native: Any = getattr(barrier, "ext", None)
         self._lock = threading.Lock()
-        self._groups: list[ResumableProcessGroup] = []
+        self._groups: list[ResumableProcessGroup | NativeGlooGroup] = []
         # Every work handed out and still referenced; released at teardown (see _Handle).
         self.handles: weakref.WeakSet[_Handle] = weakref.WeakSet()
+        # The native backend made for the group torch's helper is creating (by group name).
+        self.made: dict[str, Any] = {}
 
-    def groups(self) -> list[ResumableProcessGroup]:
+    def native_types(self) -> tuple[type, ...]:
+        return () if self.native is None else (self.native.CountingBackend,)
+
+    def groups(self) -> list[ResumableProcessGroup | NativeGlooGroup]:
         with self._lock:
+            # A native group destroyed by torch (destroy_process_group) left the gate itself.
+            self._groups = [
+                g for g in self._groups if not (isinstance(g, NativeGlooGroup) and g.destroyed())
+            ]
             return list(self._groups)
 
     def create(
@@ -443,17 +511,25 @@ class GroupRegistry:
             raise NotResumable(
                 f"snapshotter: multi-backend process groups ({ctx.backend!r}) are not resumable"
             )
-        cls = ResumableNcclGroup if "nccl" in ctx.backend.lower() else ResumableProcessGroup
-        pg = cls(self, ctx.group_name, store, rank, size, timeout, ctx.global_ranks)
-        if isinstance(pg, ResumableNcclGroup):
-            pg.nccl_options = nccl_options
+        nccl = "nccl" in ctx.backend.lower()
+        pg: ResumableProcessGroup | NativeGlooGroup
+        if self.native is not None and not nccl:
+            pg = NativeGlooGroup(self, ctx.group_name, rank, size, timeout, ctx.global_ranks)
+            made: Any = pg.backend
+        else:
+            cls = ResumableNcclGroup if nccl else ResumableProcessGroup
+            pg = made = cls(self, ctx.group_name, store, rank, size, timeout, ctx.global_ranks)
+            if isinstance(pg, ResumableNcclGroup):
+                pg.nccl_options = nccl_options
         pg._build(store)
         with self._lock:
             self._groups.append(pg)
         self.barrier.add_group(pg.key)
-        return pg
+        if isinstance(pg, NativeGlooGroup):
+            self.made[ctx.group_name] = made
+        return made
 
-    def forget(self, pg: ResumableProcessGroup) -> None:
+    def forget(self, pg: ResumableProcessGroup | NativeGlooGroup) -> None:
         with self._lock:
             if pg in self._groups:
                 self._groups.remove(pg)
@@ -517,7 +593,8 @@ class _GlooFactoryMeta(type):
     registry: GroupRegistry
 
     def __instancecheck__(cls, obj: Any) -> bool:
-        return isinstance(obj, (_REAL_GLOO, ResumableProcessGroup))
+        native = cls.registry.native_types()
+        return isinstance(obj, (_REAL_GLOO, ResumableProcessGroup, *native))
 
     def __call__(cls, store: dist.Store, rank: int, size: int, timeout: Any = None) -> Any:
         ctx = _creating.get()
@@ -577,7 +654,7 @@ def install(registry: GroupRegistry) -> None:
         token = _creating.set(_Creating(str(group_name), list(global_ranks_in_group), str(backend)))
         try:
             with registry.barrier.setup():
-                return original(
+                made = original(
                     group_size,
                     group_rank,
                     global_ranks_in_group,
@@ -587,6 +664,10 @@ def install(registry: GroupRegistry) -> None:
                     *args,
                     **kwargs,
                 )
+                native = registry.made.pop(str(group_name), None)
+                if native is not None:
+                    NativeGlooGroup.settle_registration(made[0], native)
+                return made
         finally:
             _creating.reset(token)
 

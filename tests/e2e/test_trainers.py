@@ -1,8 +1,8 @@
 """Jobs on the trainers people use, frozen and thawed: a Hugging Face Transformers `Trainer`
-(DDP with find_unused_parameters, as the Trainer sets it, a DataLoader worker) and a plain
-Accelerate loop. Each is frozen-and-continued, loses a rank, is thawed from that snapshot,
-frozen again with --stop, thawed again, and finishes bit-identical to an uninterrupted run of
-the same script under plain torchrun."""
+(DDP with find_unused_parameters, as the Trainer sets it, a DataLoader worker), a plain
+Accelerate loop and an FSDP2 (`fully_shard`) loop. Each is frozen-and-continued, loses a rank,
+is thawed from that snapshot, frozen again with --stop, thawed again, and finishes
+bit-identical to an uninterrupted run of the same script under plain torchrun."""
 
 from __future__ import annotations
 
@@ -49,13 +49,14 @@ def _torchrun(script: Path, out: Path, steps: str, cwd: Path) -> str:
 
 @pytest.mark.parametrize(
     ("script", "steps"),
-    [("hf_trainer.py", "200"), ("accelerate_loop.py", "240")],
-    ids=["transformers-trainer", "accelerate"],
+    [("hf_trainer.py", "200"), ("accelerate_loop.py", "240"), ("fsdp2_train.py", "240")],
+    ids=["transformers-trainer", "accelerate", "fsdp2"],
 )
 def test_trainer_frozen_twice_and_thawed_finishes_like_torchrun(
     snap: SnapCli, tmp_path: Path, script: str, steps: str
 ) -> None:
-    pytest.importorskip("transformers" if script == "hf_trainer.py" else "accelerate")
+    needs = {"hf_trainer.py": "transformers", "accelerate_loop.py": "accelerate"}
+    pytest.importorskip(needs.get(script, "torch"))
     reference = _torchrun(JOBS / script, tmp_path / "ref.json", steps, tmp_path)
 
     out = tmp_path / "live.json"

@@ -21,11 +21,11 @@ DDP_STEPS = "300"
 SUB_STEPS = "1000"
 
 
-def run_job(tmp: Path, script: str, steps: str, hook: bool, drive=None) -> str:  # type: ignore[no-untyped-def]
+def run_job(tmp: Path, script: str, steps: str, hook: bool, drive=None, env=None) -> str:  # type: ignore[no-untyped-def]
     out = tmp / f"{script}.{os.urandom(4).hex()}.sha"
     agent = FakeAgent(script, [str(out), steps])
     try:
-        agent.launch(hook=hook)
+        agent.launch(hook=hook, env=env)
         if drive is not None:
             drive(agent)
         agent.wait_exit(90)
@@ -49,18 +49,25 @@ def test_hook_alone_changes_nothing(tmp_path: Path, ddp_reference: str) -> None:
     assert run_job(tmp_path, "ddp_train.py", DDP_STEPS, hook=True) == ddp_reference
 
 
-def test_ddp_survives_two_freezes_bit_identical(tmp_path: Path, ddp_reference: str) -> None:
+@pytest.mark.parametrize("path", ["native", "python"])
+def test_ddp_survives_two_freezes_bit_identical(
+    tmp_path: Path, ddp_reference: str, path: str
+) -> None:
+    """On the native path (the default, built by the install) and on the Python fallback."""
     parks = []
 
     def drive(agent: FakeAgent) -> None:
         agent.send(0, {"op": "ping"})
         pong = agent.expect(0, "pong")
         assert pong["rank"] == 0 and pong["pid"] == agent.ranks[0].proc.pid
+        assert pong["native"] is (path == "native")
         for step in (40, 150):
             agent.wait_line(0, rf"^step {step} ")
             parks.append(agent.freeze_and_thaw(check=lambda: assert_no_tcp(agent)))
 
-    assert run_job(tmp_path, "ddp_train.py", DDP_STEPS, hook=True, drive=drive) == ddp_reference
+    env = {"SNAPSHOTTER_NATIVE_HOOK": "0"} if path == "python" else {}
+    got = run_job(tmp_path, "ddp_train.py", DDP_STEPS, hook=True, drive=drive, env=env)
+    assert got == ddp_reference
     for freeze in parks:
         # Every rank stops before the same DDP allreduce on the default group.
         assert len({(p["at"]["group"], p["at"]["seq"]) for p in freeze}) == 1

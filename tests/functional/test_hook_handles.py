@@ -1,17 +1,20 @@
-"""The works a resumable group hands out, on a real one-rank gloo communicator in this process:
-what is finished leaves the barrier's in-flight set whatever kind of work it is (gloo's
-reduce_scatter reports completion only to a waiter), and a teardown releases every work a
-caller still holds, keeping its outcome."""
+"""The works a resumable group hands out, on a real one-rank gloo communicator in this process,
+on both paths (the native one of csrc/gate.cpp and the Python fallback): what is finished leaves
+the barrier's in-flight set whatever kind of work it is (gloo's reduce_scatter reports
+completion only to a waiter), and a teardown releases every work a caller still holds, keeping
+its outcome."""
 
 from __future__ import annotations
 
 from datetime import timedelta
+from typing import Any
 
 import pytest
 
 torch = pytest.importorskip("torch")
 dist = pytest.importorskip("torch.distributed")
 
+from snapshotter.hook import native  # noqa: E402
 from snapshotter.hook.barrier import QuiesceBarrier  # noqa: E402
 from snapshotter.hook.resumable import GroupRegistry, _Creating  # noqa: E402
 from snapshotter.hook.sockets import Owned  # noqa: E402
@@ -19,34 +22,63 @@ from snapshotter.hook.sockets import Owned  # noqa: E402
 pytestmark = pytest.mark.timeout(60)
 
 
-def _group() -> tuple[GroupRegistry, object]:
-    registry = GroupRegistry(QuiesceBarrier(lambda *_: None), Owned())
+@pytest.fixture(params=["native", "python"])
+def path(request: pytest.FixtureRequest) -> str:
+    if request.param == "native" and native.load() is None:
+        pytest.fail("the native hook is not built: python -m snapshotter.hook.native --build")
+    return str(request.param)
+
+
+def _group(path: str) -> tuple[GroupRegistry, Any]:
+    def parked(*_: object) -> None:
+        pass
+
+    ext = native.load()
+    barrier: Any = native.NativeBarrier(ext, parked) if path == "native" else QuiesceBarrier(parked)
+    registry = GroupRegistry(barrier, Owned())
     pg = registry.create(_Creating("0", [0], "gloo"), dist.HashStore(), 0, 1,
                          timedelta(seconds=30))  # fmt: skip
     return registry, pg
 
 
-def test_finished_works_leave_the_in_flight_set_of_every_kind() -> None:
-    registry, pg = _group()
+def _held(registry: GroupRegistry) -> int:
+    b: Any = registry.barrier
+    return int(b.gate.held()) if registry.native is not None else len(b._pending)
+
+
+def _holds_work(registry: GroupRegistry, work: Any) -> bool:
+    if registry.native is not None:
+        return bool(registry.native.holds_work(work))
+    return work._work is not None
+
+
+def test_finished_works_leave_the_in_flight_set_of_every_kind(path: str) -> None:
+    registry, pg = _group(path)
+    assert (registry.native is not None) == (path == "native")
     t = torch.ones(8)
     out = torch.zeros(8)
     for _ in range(300):
-        pg.allreduce([t]).wait()  # type: ignore[attr-defined]
-        pg._reduce_scatter_base(out, t).wait()  # type: ignore[attr-defined]
+        pg.allreduce([t]).wait()
+        pg._reduce_scatter_base(out, t).wait()
     assert registry.barrier.in_flight() == 0
-    assert len(registry.barrier._pending) < 70  # nothing finished is kept
+    assert _held(registry) < 70  # nothing finished is kept
+    assert registry.barrier.counts() == {"0": 600}
 
 
-def test_teardown_releases_works_a_caller_keeps_and_keeps_their_outcome() -> None:
-    registry, pg = _group()
+def test_teardown_releases_works_a_caller_keeps_and_keeps_their_outcome(path: str) -> None:
+    registry, pg = _group(path)
     t = torch.full((4,), 3.0)
-    kept = pg.allreduce([t])  # type: ignore[attr-defined]
+    kept = pg.allreduce([t])
     kept.wait()
-    rs = pg._reduce_scatter_base(torch.zeros(4), t)  # type: ignore[attr-defined]
+    rs = pg._reduce_scatter_base(torch.zeros(4), t)
+    assert _holds_work(registry, kept) and _holds_work(registry, rs)
     registry.teardown_all()
-    assert kept._work is None and rs._work is None  # nothing pins the communicator now
+    # Nothing pins the communicator now.
+    assert not _holds_work(registry, kept) and not _holds_work(registry, rs)
     assert kept.is_completed() and kept.wait() and kept.is_success()
     assert torch.equal(kept.get_future().value()[0], t)
     assert rs.is_completed()
     with pytest.raises(RuntimeError, match="getFuture"):
         rs.get_future()
+    with pytest.raises(RuntimeError, match="has no communicator"):
+        pg.allreduce([t])

@@ -82,6 +82,7 @@ class Rank:
 
 class FakeAgent:
     def __init__(self, script: str, args: list[str], world_size: int = 2) -> None:
+        self.extra_env: dict[str, str] = {}
         self.script = str(JOBS / script)
         self.args = args
         self.world_size = world_size
@@ -92,7 +93,8 @@ class FakeAgent:
 
     # ---- processes -------------------------------------------------------------------------
 
-    def launch(self, hook: bool = True) -> None:
+    def launch(self, hook: bool = True, env: dict[str, str] | None = None) -> None:
+        self.extra_env = dict(env or {})
         for r in range(self.world_size):
             self.ranks.append(self._launch_one(r, hook))
 
@@ -111,6 +113,7 @@ class FakeAgent:
             PYTHONPATH=str(REPO),
             OMP_NUM_THREADS="1",
         )
+        env.update(self.extra_env)
         if hook:
             env.update(SNAPSHOTTER_CTL_IN="3", SNAPSHOTTER_CTL_OUT="4")
             argv = [PY, "-m", "snapshotter.hook.bootstrap", self.script, *self.args]

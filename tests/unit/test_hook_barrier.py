@@ -1,14 +1,36 @@
-"""The quiesce barrier's state machine, without torch or processes."""
+"""The quiesce barrier's state machine, without processes, on both implementations: the Python
+reference (`QuiesceBarrier`) and the native gate of csrc/gate.cpp (through `NativeBarrier`,
+which needs the torch it was built against imported)."""
 
 from __future__ import annotations
 
 import threading
+from typing import Any
 
 import pytest
 
+from snapshotter.hook import native
 from snapshotter.hook.barrier import BarrierError, ParkPoint, QuiesceBarrier, State, channel
 
 pytestmark = pytest.mark.timeout(10)
+
+_IMPL = {"name": "python"}
+
+
+@pytest.fixture(autouse=True, params=["python", "native"])
+def impl(request: pytest.FixtureRequest) -> str:
+    if request.param == "native":
+        pytest.importorskip("torch")
+        if native.load() is None:
+            pytest.fail("the native hook is not built: python -m snapshotter.hook.native --build")
+    _IMPL["name"] = request.param
+    return str(request.param)
+
+
+def test_the_native_channel_key_is_the_reference_one(impl: str) -> None:
+    if impl == "native":
+        ext: Any = native.load()
+        assert ext.channel("g", 1, 0) == channel("g", 1, 0)
 
 
 class Recorder:
@@ -21,9 +43,13 @@ class Recorder:
         self.event.set()
 
 
-def make(*groups: str) -> tuple[QuiesceBarrier, Recorder]:
+def make(*groups: str) -> tuple[Any, Recorder]:
     rec = Recorder()
-    b = QuiesceBarrier(rec)
+    b: Any = (
+        native.NativeBarrier(native.load(), rec)  # type: ignore[arg-type]
+        if _IMPL["name"] == "native"
+        else QuiesceBarrier(rec)
+    )
     for g in groups:
         b.add_group(g)
     return b, rec
@@ -54,7 +80,7 @@ class Op:
             self.finished.wait(0.001)
 
 
-def issue(b: QuiesceBarrier, key: str, n: int) -> None:
+def issue(b: Any, key: str, n: int) -> None:
     for _ in range(n):
         b.enter(key)
 
