@@ -25,6 +25,7 @@ class BuildPy(build_py):
         src = Path(self.build_lib) / "snapshotter" / "hook" / "_src"
         src.mkdir(parents=True, exist_ok=True)
         shutil.copy(Path("csrc") / "gate.cpp", src / "gate.cpp")
+        shutil.copytree(Path("csrc") / "gate", src / "gate", dirs_exist_ok=True)
         out = Path(self.build_lib) / "snapshotter" / "sandbox" / "_bin" / "snapinit"
         out.parent.mkdir(parents=True, exist_ok=True)
         cc = shutil.which("cc") or shutil.which("gcc")

@@ -5,6 +5,7 @@ job under plain torchrun, for three workloads of bench/hook_job.py on 2 CPU rank
 
   ddp-few    DDP, default 25 MB gradient buckets (1 allreduce a step)
   ddp-many   DDP, 0.05 MB buckets (12 allreduces a step)
+  ddp-tiny   DDP, 64-wide layers in 0.01 MB buckets (24 allreduces a step, little compute)
   fsdp2      FSDP2 fully_shard per layer (all-gathers and reduce-scatters, ~36 a step)
 
 Three arms a round: plain torchrun, the hook on its native path (csrc/gate.cpp, the default) and
@@ -39,6 +40,8 @@ JOB = ROOT / "bench" / "hook_job.py"
 WORKLOADS: dict[str, list[str]] = {
     "ddp-few": ["--mode", "ddp", "--bucket-mb", "25"],
     "ddp-many": ["--mode", "ddp", "--bucket-mb", "0.05"],
+    # Little compute under many small buckets: the collectives' overhead is most of the step.
+    "ddp-tiny": ["--mode", "ddp", "--bucket-mb", "0.01", "--width", "64"],
     "fsdp2": ["--mode", "fsdp2"],
 }
 

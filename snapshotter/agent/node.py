@@ -27,7 +27,7 @@ from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
 from snapshotter import __version__, errors
-from snapshotter.agent import keeping
+from snapshotter.agent import keeping, settle
 from snapshotter.agent.allow import ExecPolicy
 from snapshotter.agent.freeze import Freezes
 from snapshotter.agent.launch import Launcher
@@ -118,9 +118,23 @@ class NodeAgent:
             self._gpu, settings.netns, settings.dump_parallelism,
         )  # fmt: skip
         self.readopted = self.sandboxes.readopt(self.jobs, settings.host) if held else []
+        for job_id in self.readopted:
+            # Off the start-up path: asking the ranks takes a moment, a resume longer.
+            threading.Thread(target=self._settle, args=(job_id,), daemon=True,
+                             name=f"settle-{job_id}").start()  # fmt: skip
         self.gpu_health = (settings.gpu_health or auto_health)()
         self._maintainer = threading.Thread(target=self._maintain, daemon=True, name="maintain")
         self._maintainer.start()
+
+    def _settle(self, job_id: str) -> None:
+        """A re-adopted job that the previous agent left mid-freeze runs again (settle.py)."""
+        try:
+            job = self.jobs.get(job_id)
+        except Exception:  # noqa: BLE001 - gone already (ended, or cancelled)
+            return
+        settle.settle(
+            job, lambda j, epoch: self.freezes.resume_ranks(j, j.rdzv_address, epoch, 120.0)
+        )
 
     def _gpu(self) -> GpuStage | None:
         """This node's GPU stage, found once (no driver: None, logged once by auto_stage)."""

@@ -167,7 +167,8 @@ class Hook:
         # Answered in every barrier state and also when the hook is disabled (0 steps, no
         # groups): reading the counters changes nothing the training threads see.
         query = protocol.query_of(msg)
-        self.send(protocol.progress_report(query, self.steps, self.barrier.counts()))
+        self.send(protocol.progress_report(query, self.steps, self.barrier.counts(),
+                                           self.barrier.state.value))  # fmt: skip
 
     def _check_enabled(self) -> None:
         if self.disabled:

@@ -33,6 +33,7 @@ _HERE = Path(__file__).resolve().parent
 # A checkout's csrc/, or the copy a wheel carries (setup.py puts it there).
 _SOURCES = (_HERE.parents[1] / "csrc" / "gate.cpp", _HERE / "_src" / "gate.cpp")
 SOURCE = next((p for p in _SOURCES if p.exists()), _SOURCES[0])
+HEADERS = SOURCE.parent / "gate"  # gate/work.h, gate/gate.h, gate/backend.h
 BUILD_ROOT = _HERE / "_native"
 
 
@@ -48,10 +49,12 @@ def _library(torch_version: str) -> Path | None:
 
 
 def _stale(lib: Path) -> bool:
+    sources = [SOURCE, *HEADERS.glob("*.h")]
     try:
-        return lib.stat().st_mtime < SOURCE.stat().st_mtime
+        newest = max(p.stat().st_mtime for p in sources)
     except FileNotFoundError:  # installed without sources: the built one is all there is
         return False
+    return lib.stat().st_mtime < newest
 
 
 def load() -> ModuleType | None:
@@ -86,6 +89,7 @@ def build(verbose: bool = False) -> Path:
     cpp_extension.load(
         name=MODULE,
         sources=[str(SOURCE)],
+        extra_include_paths=[str(SOURCE.parent)],
         build_directory=str(out),
         extra_cflags=["-O2"],
         verbose=verbose,

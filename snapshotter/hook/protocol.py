@@ -14,7 +14,7 @@ keeps at the same numbers across a dump and restore)::
      "rdzv":{"host":H,"port":P},"env":{K:V}}        {"op":"resumed","freeze":ID}
     {"op":"abort","freeze":ID}                      {"op":"aborted","freeze":ID}
     {"op":"progress","query":Q}                     {"op":"progress","query":Q,"steps":N,
-                                                     "counts":{GROUP:n}}
+                                                     "counts":{GROUP:n},"state":S}
     any command that fails                          {"op":"error","freeze":ID,"message":M}
 
 `parked` is sent asynchronously, by whichever rank thread made the rank quiesced. Replies
@@ -181,9 +181,13 @@ def error(freeze: str, message: str) -> Msg:
     return {"op": ERROR, "freeze": freeze, "message": message}
 
 
-def progress_report(query: int, steps: int, issued: Mapping[str, int]) -> Msg:
-    """The reply to `progress` command `query`."""
-    return {"op": PROGRESS, "query": int(query), "steps": int(steps), "counts": dict(issued)}
+def progress_report(
+    query: int, steps: int, issued: Mapping[str, int], state: str = ""
+) -> Msg:
+    """The reply to `progress` command `query`; `state` is the barrier's (idle, holding, armed,
+    parked, suspended): a restarted agent reads it to finish what its predecessor left."""
+    return {"op": PROGRESS, "query": int(query), "steps": int(steps), "counts": dict(issued),
+            "state": str(state)}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -193,6 +197,7 @@ class Progress:
     query: int
     steps: int
     counts: dict[str, int]
+    state: str = ""  # the barrier's state; "" from a hook older than the field
 
 
 def query_of(msg: Msg) -> int:
@@ -215,6 +220,7 @@ def progress_of(msg: Msg) -> Progress:
             query=query_of(msg),
             steps=int(msg["steps"]),
             counts={str(k): int(v) for k, v in counts.items()},
+            state=str(msg.get("state", "")),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise ProtocolError(f"progress needs integer steps and counts: {e}") from e

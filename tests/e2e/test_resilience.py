@@ -221,9 +221,11 @@ def _restarted(cli: SnapCli, old: int) -> None:
 def test_a_killed_daemon_never_costs_the_job(
     snap: SnapCli, reference: str, tmp_path: Path
 ) -> None:
-    """kill -9 of the embedded daemon while the job trains, then again during a freeze's
-    upload: the job trains on, the restarted agent re-adopts it, and a later freeze and thaw
-    succeed bit-identically. (Its own daemon: the restarted one ends with the test.)"""
+    """kill -9 of the embedded daemon while the job trains, then during a freeze's dump (the
+    ranks suspended, their communicators torn down), then during its upload: the job trains
+    on each time, the restarted agent re-adopts it (resuming the ranks its predecessor left
+    suspended), and a later freeze and thaw succeed bit-identically. (Its own daemon: the
+    restarted one ends with the test.)"""
     cli = snap
     out = tmp_path / "out.json"
     job = _run(cli, out)
@@ -234,25 +236,26 @@ def test_a_killed_daemon_never_costs_the_job(
     assert cli.json("status", job)["state"] == "RUNNING"
     cli.wait_step(job, cli.last_step(job) + 10)  # still training, output still logged
 
-    freeze = subprocess.Popen(
-        [sys.executable, "-m", "snapshotter", "freeze", job], env=cli.env, cwd=ROOT,
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        assert freeze.stderr is not None
-        for line in freeze.stderr:
-            if "] upload" in line:
-                break
-        old = _daemon(cli)
-        os.kill(old, signal.SIGKILL)
-        freeze.communicate(timeout=120)
-    finally:
-        if freeze.poll() is None:
-            freeze.kill()
-    assert freeze.returncode != 0
-    _restarted(cli, old)
-    assert cli.json("status", job)["state"] == "RUNNING"
-    cli.wait_step(job, cli.last_step(job) + 10)
+    for phase in ("dump", "upload"):
+        freeze = subprocess.Popen(
+            [sys.executable, "-m", "snapshotter", "freeze", job], env=cli.env, cwd=ROOT,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+        )  # fmt: skip
+        try:
+            assert freeze.stderr is not None
+            for line in freeze.stderr:
+                if f"] {phase}" in line:
+                    break
+            old = _daemon(cli)
+            os.kill(old, signal.SIGKILL)
+            freeze.communicate(timeout=120)
+        finally:
+            if freeze.poll() is None:
+                freeze.kill()
+        assert freeze.returncode != 0
+        _restarted(cli, old)
+        assert cli.json("status", job)["state"] == "RUNNING"
+        cli.wait_step(job, cli.last_step(job) + 10, timeout=120)
 
     sid = cli.json("freeze", job, "--stop")["snapshot_id"]
     assert cli.json("thaw", sid)["job_id"] == job

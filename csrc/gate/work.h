@@ -1,0 +1,276 @@
+#pragma once
+// Part of the hook's native collective path; csrc/gate.cpp says why it exists.
+
+#include <torch/csrc/distributed/c10d/Backend.hpp>
+#include <torch/csrc/distributed/c10d/Work.hpp>
+#include <torch/csrc/utils/pybind.h>
+
+#include <chrono>
+#include <condition_variable>
+#include <deque>
+#include <map>
+#include <mutex>
+#include <optional>
+#include <stdexcept>
+#include <string>
+#include <thread>
+#include <unordered_map>
+#include <vector>
+
+namespace snapshotter {
+
+namespace py = pybind11;
+using c10::intrusive_ptr;
+
+constexpr const char* kChannelMark = "|p2p:";
+constexpr size_t kSweepAt = 64;
+
+// A request that does not fit the gate's state; nothing was changed (BarrierError in Python).
+struct GateError : std::runtime_error {
+  using std::runtime_error::runtime_error;
+};
+
+inline std::string channel(const std::string& group, int src, int dst) {
+  return group + kChannelMark + std::to_string(src) + ">" + std::to_string(dst);
+}
+
+// Lets the GIL go while this thread blocks, when it holds it (a Python caller of `enter`, or a
+// torch binding that kept it); otherwise nothing. Never held across a call into Python.
+class MaybeReleaseGil {
+ public:
+  MaybeReleaseGil() {
+    if (Py_IsInitialized() && PyGILState_Check()) {
+      state_ = PyEval_SaveThread();
+    }
+  }
+  ~MaybeReleaseGil() {
+    if (state_ != nullptr) {
+      PyEval_RestoreThread(state_);
+    }
+  }
+  MaybeReleaseGil(const MaybeReleaseGil&) = delete;
+  MaybeReleaseGil& operator=(const MaybeReleaseGil&) = delete;
+
+ private:
+  PyThreadState* state_ = nullptr;
+};
+
+// What an op returns to its caller: the real work, until the communicator is torn down (see
+// `_Handle` in resumable.py for why: a kept work pins gloo's context and its sockets).
+class HandleWork : public c10d::Work {
+ public:
+  explicit HandleWork(intrusive_ptr<c10d::Work> work)
+      : c10d::Work(-1, work->retrieveOpType()), work_(std::move(work)) {
+    try {
+      future_ = work_->getFuture();
+    } catch (const std::exception&) {
+      waiter_only_ = true;  // gloo's send, recv, reduce_scatter: done only to a waiter
+    }
+  }
+
+  // The gate's side.
+  bool done() {
+    std::lock_guard<std::mutex> g(m_);
+    return doneLocked();
+  }
+
+  void settle() {
+    if (waiter_only_) {
+      try {
+        wait(kNoTimeout);
+      } catch (const std::exception&) {
+        // the caller's own wait raises it again
+      }
+    } else {
+      std::this_thread::sleep_for(std::chrono::milliseconds(1));
+    }
+  }
+
+  bool holdsWork() {
+    std::lock_guard<std::mutex> g(m_);
+    return static_cast<bool>(work_);
+  }
+
+  void release() {
+    std::lock_guard<std::mutex> g(m_);
+    if (!work_) {
+      return;
+    }
+    if (future_ && future_->completed()) {
+      ok_ = !future_->hasError();
+    }
+    work_.reset();
+  }
+
+  // c10d::Work.
+  bool wait(std::chrono::milliseconds timeout) override {
+    if (!waiter_only_) {
+      intrusive_ptr<c10d::Work> work;
+      {
+        std::lock_guard<std::mutex> g(m_);
+        if (!work_) {
+          return ok_;
+        }
+        work = work_;
+      }
+      bool ok = work->wait(timeout);
+      std::lock_guard<std::mutex> g(m_);
+      waited_ = true;
+      return ok;
+    }
+    std::lock_guard<std::mutex> wg(wait_m_);  // one wait: a second could block forever
+    bool waited;
+    {
+      std::lock_guard<std::mutex> g(m_);
+      waited = waited_;
+    }
+    if (!waited) {
+      intrusive_ptr<c10d::Work> work;
+      {
+        std::lock_guard<std::mutex> g(m_);
+        work = work_;
+      }
+      bool ok = ok_;
+      std::exception_ptr error;
+      try {
+        if (work) {
+          ok = work->wait(timeout);
+        }
+      } catch (...) {
+        ok = false;
+        error = std::current_exception();
+      }
+      std::lock_guard<std::mutex> g(m_);
+      ok_ = ok;
+      error_ = error;
+      waited_ = true;
+    }
+    std::lock_guard<std::mutex> g(m_);
+    if (error_) {
+      std::rethrow_exception(error_);
+    }
+    return ok_;
+  }
+
+  bool isCompleted() override {
+    std::lock_guard<std::mutex> g(m_);
+    return doneLocked();
+  }
+
+  bool isSuccess() const override {
+    std::lock_guard<std::mutex> g(m_);
+    if (!work_ || waiter_only_) {
+      return ok_;
+    }
+    return work_->isSuccess();
+  }
+
+  std::exception_ptr exception() const override {
+    std::lock_guard<std::mutex> g(m_);
+    if (!work_ || waiter_only_) {
+      return error_;
+    }
+    return work_->exception();
+  }
+
+  int sourceRank() const override {
+    std::lock_guard<std::mutex> g(m_);
+    TORCH_CHECK(work_, "snapshotter: source_rank() read after the communicator was rebuilt");
+    return work_->sourceRank();
+  }
+
+  std::vector<at::Tensor> result() override {
+    auto work = current();
+    if (work) {
+      return work->result();
+    }
+    if (future_ && future_->completed() && !future_->hasError()) {
+      return future_->value().toTensorVector();
+    }
+    return {};
+  }
+
+  void synchronize() override {
+    auto work = current();
+    if (work) {
+      work->synchronize();
+    }
+  }
+
+  void abort() override {
+    auto work = current();
+    if (work) {
+      work->abort();
+    }
+  }
+
+  intrusive_ptr<c10::ivalue::Future> getFuture() override {
+    TORCH_CHECK(future_, "Work::getFuture not implemented for this work");
+    return future_;
+  }
+
+ private:
+  bool doneLocked() const {
+    if (waited_ || !work_) {
+      return true;
+    }
+    return !waiter_only_ && work_->isCompleted();
+  }
+
+  intrusive_ptr<c10d::Work> current() {
+    std::lock_guard<std::mutex> g(m_);
+    return work_;
+  }
+
+  mutable std::mutex m_;
+  std::mutex wait_m_;
+  intrusive_ptr<c10d::Work> work_;
+  intrusive_ptr<c10::ivalue::Future> future_;
+  bool waiter_only_ = false;
+  bool waited_ = false;
+  bool ok_ = true;
+  std::exception_ptr error_;
+};
+
+// A Python object that may be copied and dropped without the GIL: only the last owner takes
+// it, to let go of the object (or leaks it once the interpreter is going away).
+using PyRef = std::shared_ptr<py::object>;
+
+inline PyRef pyRef(py::object o) {
+  return PyRef(new py::object(std::move(o)), [](py::object* p) {
+    if (Py_IsInitialized() && !_Py_IsFinalizing()) {
+      py::gil_scoped_acquire gil;
+      delete p;
+    } else {
+      p->release();
+      delete p;
+    }
+  });
+}
+
+// An op in flight: a native handle, or a Python object with done() and settle() (an op of a
+// group still on the Python path, NCCL's; only those take the GIL, and only Python callers
+// that let it go first, as every binding here and torch's collectives do, reach the gate).
+struct Pending {
+  intrusive_ptr<HandleWork> work;
+  PyRef py;
+
+  bool done() const {
+    if (work) {
+      return work->done();
+    }
+    py::gil_scoped_acquire gil;
+    return py->attr("done")().cast<bool>();
+  }
+
+  void settle() const {
+    if (work) {
+      work->settle();
+      return;
+    }
+    py::gil_scoped_acquire gil;
+    py->attr("settle")();
+  }
+};
+
+}  // namespace snapshotter
