@@ -52,6 +52,9 @@ nvidia-smi --query-gpu=name,uuid,memory.total,driver_version --format=csv,nohead
 "$PY" -c 'import torch, cuda.bindings; print("torch", torch.__version__, "cuda", torch.version.cuda, "nccl", torch.cuda.nccl.version(), "cuda-python", cuda.bindings.__version__)'
 uname -r
 /opt/snapshotter/criu/bin/criu check 2>&1 | tail -5 || true   # diagnostic only: the run says more
+# The hook's native gloo path, against the device's own torch, where it has a compiler and
+# ninja; without them the ranks take the Python path and their logs say so.
+timeout 180 "$PY" -m snapshotter.hook.native --build 2>&1 | tail -3 || true
 timeout 150 "$PY" bench/gpu_preflight.py || true
 timeout 30 "$PY" bench/gpu_health_check.py || true   # NVML: XID/ECC watcher on the real GPU
 rc=0

@@ -66,8 +66,10 @@ def main() -> None:
     # Collectives per step, from the process group's own sequence number (both runs alike).
     seq = -1
     try:
-        backend_obj: Any = dist.distributed_c10d._get_default_group()
-        seq = int(backend_obj._get_sequence_number_for_group())
+        # The backend's own (the group's answers only for torch's named backend types, and a
+        # group on the hook's native path is "custom").
+        group: Any = dist.distributed_c10d._get_default_group()
+        seq = int(group._get_backend(dev)._get_sequence_number_for_group())
     except Exception:  # noqa: BLE001 - reporting only
         pass
     per_step = round(seq / (a.steps + a.warmup), 1) if seq > 0 else None

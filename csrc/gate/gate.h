@@ -32,7 +32,7 @@ class Gate {
     // The callback (and any Python-made pending op) is a Python object: drop it with the GIL,
     // or leak it once the interpreter is going away (taking the GIL then would abort).
     pending_.clear();  // Python-made ops let go through their PyRef
-    if (Py_IsInitialized() && !_Py_IsFinalizing()) {
+    if (pythonAlive()) {
       py::gil_scoped_acquire gil;
       onParked_ = py::object();
       return;

@@ -232,13 +232,22 @@ class HandleWork : public c10d::Work {
   std::exception_ptr error_;
 };
 
+// Whether the GIL may still be taken: not once the interpreter is finalizing (that aborts).
+inline bool pythonAlive() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return Py_IsInitialized() && !Py_IsFinalizing();
+#else
+  return Py_IsInitialized() && !_Py_IsFinalizing();
+#endif
+}
+
 // A Python object that may be copied and dropped without the GIL: only the last owner takes
 // it, to let go of the object (or leaks it once the interpreter is going away).
 using PyRef = std::shared_ptr<py::object>;
 
 inline PyRef pyRef(py::object o) {
   return PyRef(new py::object(std::move(o)), [](py::object* p) {
-    if (Py_IsInitialized() && !_Py_IsFinalizing()) {
+    if (pythonAlive()) {
       py::gil_scoped_acquire gil;
       delete p;
     } else {

@@ -28,6 +28,9 @@ def test_a_built_wheel_runs_without_the_checkout(tmp_path: Path) -> None:
     (wheel,) = dist.glob("snapshotter-*.whl")
     names = zipfile.ZipFile(wheel).namelist()
     assert "snapshotter/sandbox/_bin/snapinit" in names
+    # The hook's native path is built on the node against the job's torch: its source travels.
+    assert {"snapshotter/hook/_src/gate.cpp", "snapshotter/hook/_src/gate/backend.h"} <= set(names)
+    assert not [n for n in names if "/_native/" in n]  # never a library built for another torch
     assert "snapshotter/coordinator/core.py" in names
     assert not [n for n in names if n.startswith(("coordinator/", "tests/", "bench/"))]
     assert any(n.endswith(".dist-info/licenses/LICENSE") for n in names)
