@@ -52,13 +52,13 @@ class Hook:
 
     def install_torch(self) -> None:
         """Patch torch.distributed so every group and store it creates is resumable."""
-        import torch  # noqa: F401 - native.load() looks for the torch this rank imported
+        import torch  # native.load() looks for the torch this rank imported
 
         from snapshotter.hook import native
         from snapshotter.hook.rdzv import RdzvRegistry, wrap_rendezvous
         from snapshotter.hook.resumable import GroupRegistry, install
 
-        self.barrier = self._native_barrier(native) or self.barrier
+        self.barrier = self._native_barrier(native, torch.__version__) or self.barrier
         self.groups = GroupRegistry(self.barrier, self.owned)
         self.rdzv = RdzvRegistry(self.owned)
         wrap_rendezvous(self.rdzv, self.barrier.setup)
@@ -70,7 +70,7 @@ class Hook:
             return
         register_optimizer_step_post_hook(self._count_step)
 
-    def _native_barrier(self, native: Any) -> Any:
+    def _native_barrier(self, native: Any, torch_version: str) -> Any:
         """The native gate when it is built for this torch (no group exists yet to move)."""
         try:
             ext = native.load()
@@ -80,9 +80,7 @@ class Hook:
             return None
         if ext is None:
             if os.environ.get(native.ENV_VAR, "1") != "0":
-                import torch
-
-                warn(f"the hook's native path is not built for torch {torch.__version__}: "
+                warn(f"the hook's native path is not built for torch {torch_version}: "
                      "collectives issued from C++ (DDP, FSDP) pay for the Python path; "
                      "`python -m snapshotter.hook.native --build` builds it")  # fmt: skip
             return None

@@ -135,6 +135,16 @@ def _devices() -> list[torch.device]:
     return devs
 
 
+def _real_gloo(
+    store: dist.Store, rank: int, size: int, timeout: timedelta, ranks: list[int], key: str
+) -> Any:
+    """The real gloo backend of one group, named and ranked as torch's helper would."""
+    backend = _REAL_GLOO(store, rank, size, timeout=timeout)
+    backend.options.global_ranks_in_group = ranks
+    backend.options.group_name = key
+    return backend
+
+
 class ResumableProcessGroup(dist.ProcessGroup):
     """The handle a script holds; forwards to a rebuildable inner gloo group."""
 
@@ -183,10 +193,8 @@ class ResumableProcessGroup(dist.ProcessGroup):
         return _devices()
 
     def _make_backend(self, store: dist.Store) -> Any:
-        backend = _REAL_GLOO(store, self.rank(), self.size(), timeout=self._timeout)
-        backend.options.global_ranks_in_group = self._global_ranks
-        backend.options.group_name = self._key
-        return backend
+        return _real_gloo(store, self.rank(), self.size(), self._timeout, self._global_ranks,
+                          self._key)  # fmt: skip
 
     # ---- communicator lifecycle ----------------------------------------------------------
 
@@ -451,9 +459,8 @@ class NativeGlooGroup:
 
     def _build(self, store: dist.Store) -> None:
         with self._registry.owned.track():
-            real = _REAL_GLOO(store, self._rank, self._size, timeout=self._timeout)
-            real.options.global_ranks_in_group = self._global_ranks
-            real.options.group_name = self.key
+            real = _real_gloo(store, self._rank, self._size, self._timeout, self._global_ranks,
+                              self.key)  # fmt: skip
             real._set_sequence_number_for_group()
         self.backend.set_inner(real)
 
@@ -515,10 +522,9 @@ class GroupRegistry:
         pg: ResumableProcessGroup | NativeGlooGroup
         if self.native is not None and not nccl:
             pg = NativeGlooGroup(self, ctx.group_name, rank, size, timeout, ctx.global_ranks)
-            made: Any = pg.backend
         else:
             cls = ResumableNcclGroup if nccl else ResumableProcessGroup
-            pg = made = cls(self, ctx.group_name, store, rank, size, timeout, ctx.global_ranks)
+            pg = cls(self, ctx.group_name, store, rank, size, timeout, ctx.global_ranks)
             if isinstance(pg, ResumableNcclGroup):
                 pg.nccl_options = nccl_options
         pg._build(store)
@@ -526,8 +532,9 @@ class GroupRegistry:
             self._groups.append(pg)
         self.barrier.add_group(pg.key)
         if isinstance(pg, NativeGlooGroup):
-            self.made[ctx.group_name] = made
-        return made
+            self.made[ctx.group_name] = pg.backend
+            return pg.backend
+        return pg
 
     def forget(self, pg: ResumableProcessGroup | NativeGlooGroup) -> None:
         with self._lock:
