@@ -50,6 +50,7 @@ from tests.support.cli import TRAIN, SnapCli  # noqa: E402 - the harness tests a
 from tests.support.procs import children  # noqa: E402
 from tests.support.soak import rank_process  # noqa: E402
 
+TERMINAL = ("SUCCEEDED", "FAILED", "CANCELLED", "FROZEN")
 STAMP = re.compile(r"rank 0 step (\d+) loss \S+ t=(\d+\.\d+)")
 
 
@@ -103,6 +104,15 @@ def describe(e: dict[str, Any]) -> str:
     if e.get("steps_lost") is not None:
         parts.append(f"{e['steps_lost']} steps lost")
     return ", ".join(parts)
+
+
+def status_of(cli: SnapCli, job: str) -> dict[str, Any]:
+    """The job's status, or {} while the daemon does not answer (it is being restarted)."""
+    try:
+        out = cli.json("status", job, check=False)
+    except (ValueError, IndexError):
+        return {}
+    return out if isinstance(out, dict) else {}
 
 
 class Schedule:
@@ -175,21 +185,29 @@ def run_c(args: argparse.Namespace, work: Path, sched: Schedule, mtbf_s: float) 
                     "--stamp")  # fmt: skip
         job = p.stdout.strip().splitlines()[-1]
         pending = list(zip(sched.times, sched.kinds(), strict=True))
-        while True:
-            st = cli.json("status", job, check=False)
-            if st.get("state") in ("SUCCEEDED", "FAILED", "CANCELLED", "FROZEN"):
+        # Observing must not cost the job: each CLI call is a Python start-up, and polling
+        # several times a second took most of a core from a 2-core node's ranks (and from
+        # nothing in (a) or (b)). So: one `status` at each failure's time, then `wait`.
+        st: dict[str, Any] = {}
+        while pending:
+            time.sleep(max(0.0, t0 + pending[0][0] - time.monotonic()))
+            st = status_of(cli, job)
+            if st.get("state") in TERMINAL:
                 break
-            # (the daemon may be restarting: no answer this time)
-            if pending and time.monotonic() - t0 >= pending[0][0] and st.get("state") == "RUNNING":
-                _, kind = pending.pop(0)
-                ranks = [rank_process(r["pid"]) for r in st["ranks"]]
-                ranks_alive = [r for r in ranks if r]
-                if kind == "rank":
-                    kill(ranks_alive[-1:])
-                else:  # the node's agent and its ranks
-                    daemon = int(json.loads((cli.home / "daemon.json").read_text())["pid"])
-                    kill([daemon, *ranks_alive])
-            time.sleep(0.2)
+            if st.get("state") != "RUNNING":  # recovering, or the daemon is restarting
+                time.sleep(1.0)
+                continue
+            _, kind = pending.pop(0)
+            ranks_alive = [r for r in (rank_process(x["pid"]) for x in st["ranks"]) if r]
+            if kind == "rank":
+                kill(ranks_alive[-1:])
+            else:  # the node's agent and its ranks
+                daemon = int(json.loads((cli.home / "daemon.json").read_text())["pid"])
+                kill([daemon, *ranks_alive])
+        while st.get("state") not in TERMINAL:
+            # (the daemon may be restarting: `wait` fails, and is asked again)
+            cli.run("wait", job, "--timeout", "60", check=False, timeout=120)
+            st = status_of(cli, job)
         took = time.monotonic() - t0
         assert st["state"] == "SUCCEEDED", st
         events = cli.json("events", job)["events"]

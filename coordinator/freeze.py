@@ -265,7 +265,7 @@ class FreezeOperation:
         if self.stop:
             yield _phase("stop")
         fin = agent_pb2.FinishFreezeRequest(
-            job_id=self.spec.job_id, freeze_id=self.freeze_id, stop=self.stop
+            job_id=self.spec.job_id, freeze_id=self.freeze_id, stop=self.stop, committed=True
         )
         on_all(self.agents, lambda a: a.stub.FinishFreeze(fin, timeout=60))
         stats.total_s = time.monotonic() - t_start

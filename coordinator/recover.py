@@ -68,10 +68,12 @@ def recover(c: Coordinator, rec: JobRecord, failure: detect.Failure) -> None:
         # A node may have died since the failure was seen: ask them all again.
         failed = sorted({*([failure.node] if failure.node else []), *c.unreachable(rec)})
         nodes = recovery_nodes(rec.nodes, failed, c.live_agents(), list(r.spares), c.draining)
+        local: list[str] = []
         if snap:
-            for _ in c.thaw(pb.ThawRequest(snapshot_id=snap, job_id=job_id, nodes=nodes),
-                            recovering=True):  # fmt: skip
-                pass
+            for ev in c.thaw(pb.ThawRequest(snapshot_id=snap, job_id=job_id, nodes=nodes),
+                             recovering=True):  # fmt: skip
+                if ev.HasField("done"):
+                    local = [n.node for n in ev.done.stats.nodes if n.local_copy]
         else:
             # Nothing to thaw yet: start it over, as torchrun --max-restarts would.
             c.run(relaunch_request(rec, nodes), recovering=True)
@@ -88,8 +90,11 @@ def recover(c: Coordinator, rec: JobRecord, failure: detect.Failure) -> None:
     life.policy_state = policies.reanchor(life.policy_state, now, at_snap)
     life.recovering = False
     how = f"thawed {snap}" if snap else "no snapshot yet: relaunched from the start"
+    how += f" on {', '.join(nodes)}"
+    if local:
+        how += f" (from the verified local copy on {', '.join(local)}: nothing fetched)"
     life.add("recovered", cause=failure.cause, snapshot_id=snap, steps_lost=lost,
-             took_s=now - t0, nodes=nodes, detail=f"{how} on {', '.join(nodes)}")  # fmt: skip
+             took_s=now - t0, nodes=nodes, detail=how)  # fmt: skip
     log.info("job %s recovered from %s on %s in %.1fs", job_id, snap, nodes, now - t0)
 
 

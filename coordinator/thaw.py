@@ -95,6 +95,7 @@ class ThawOperation:
         node_of = {a.name: i for i, a in enumerate(self.agents)}
         ops: dict[str, str] = {}
         fetch_s: dict[str, float] = {}
+        local: set[str] = set()
         failures: dict[str, BaseException] = {}
         yield pb.ThawEvent(phase=common_pb2.PhaseEvent(phase="fetch", snapshot_id=self.snapshot_id))
 
@@ -109,6 +110,8 @@ class ThawOperation:
             elif ev.HasField("fetched"):
                 ops[name] = ev.fetched.op
                 fetch_s[name] = ev.fetched.fetch_s
+                if ev.fetched.local_copy:
+                    local.add(name)
             elif ev.HasField("phase"):
                 ph = common_pb2.PhaseEvent()
                 ph.CopyFrom(ev.phase)
@@ -158,7 +161,8 @@ class ThawOperation:
             restore_s=time.monotonic() - t1,
             total_s=time.monotonic() - t0,
             nodes=[
-                pb.NodeThawStats(node=n, restore_s=r.restore_s, resume_s=r.resume_s)
+                pb.NodeThawStats(node=n, restore_s=r.restore_s, resume_s=r.resume_s,
+                                 fetch_s=fetch_s.get(n, 0.0), local_copy=n in local)  # fmt: skip
                 for n, r in out.results.items()
             ],
         )

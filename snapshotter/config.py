@@ -8,6 +8,12 @@ SNAPSHOTTER_COORDINATOR  host:port of a remote coordinator; unset = the embedded
 SNAPSHOTTER_PRIVATE_TMP  1 (default): each rank sandbox has its own TMPDIR (a tmpfs dumped with
                      it); 0: ranks share the node's /tmp and keep the caller's TMPDIR
 SNAPSHOTTER_KEEP_JOBS    finished jobs (status, rank logs) a service keeps (default 100)
+SNAPSHOTTER_LOCAL_COPY_BYTES  how much of the home's disk the newest snapshot of each job may
+                     keep on the node that made it, so a thaw there needs no fetch (default:
+                     a quarter of that filesystem; 0: keep none)
+SNAPSHOTTER_UPLOAD_NICE  CPU priority (nice 0..19, default 19) of a freeze's upload while the
+                     job trains on: it yields every core the job wants and uses the idle rest
+                     (with --stop the ranks are held, and the upload runs at full priority)
 """
 
 from __future__ import annotations
@@ -77,9 +83,30 @@ class Paths:
     def criu_logs(self, op_id: str) -> Path:
         return self.home / "criu-logs" / op_id
 
+    @property
+    def copies_dir(self) -> Path:
+        return self.home / "copies"
+
 
 def store_url(paths: Paths) -> str:
     return os.environ.get("SNAPSHOTTER_STORE") or paths.default_store
+
+
+def _whole_number(name: str, default: str, next_step: str) -> int:
+    """Environment variable `name` as a whole number >= 0 (`default` when unset or blank).
+
+    Raises: InvalidArgument naming the variable and `next_step`.
+    """
+    from snapshotter import errors
+
+    raw = os.environ.get(name, "").strip() or default
+    try:
+        n = int(raw)
+    except ValueError:
+        n = -1
+    if n < 0:
+        raise errors.InvalidArgument(f"{name}={raw!r} is not a whole number >= 0", next_step)
+    return n
 
 
 def keep_jobs() -> int:
@@ -87,15 +114,35 @@ def keep_jobs() -> int:
 
     Raises: InvalidArgument if it is not a whole number >= 0.
     """
+    return _whole_number("SNAPSHOTTER_KEEP_JOBS", "100", "fix or unset it")
+
+
+def local_copy_bytes(home: Path) -> int:
+    """SNAPSHOTTER_LOCAL_COPY_BYTES: the disk the node's local snapshot copies may use
+    (default a quarter of the filesystem holding `home`; 0 turns them off).
+
+    Raises: InvalidArgument if it is not a whole number >= 0.
+    """
+    if os.environ.get("SNAPSHOTTER_LOCAL_COPY_BYTES", "").strip():
+        return _whole_number(
+            "SNAPSHOTTER_LOCAL_COPY_BYTES", "0",
+            "fix it (bytes), or unset it for a quarter of the disk; 0 keeps no local copies",
+        )  # fmt: skip
+    home.mkdir(parents=True, exist_ok=True)
+    st = os.statvfs(home)
+    return st.f_blocks * st.f_frsize // 4
+
+
+def upload_nice() -> int:
+    """SNAPSHOTTER_UPLOAD_NICE (default 19).
+
+    Raises: InvalidArgument if it is not a whole number in 0..19.
+    """
     from snapshotter import errors
 
-    raw = os.environ.get("SNAPSHOTTER_KEEP_JOBS", "100")
-    try:
-        n = int(raw)
-    except ValueError:
-        n = -1
-    if n < 0:
+    n = _whole_number("SNAPSHOTTER_UPLOAD_NICE", "19", "set a nice value from 0 to 19")
+    if n > 19:
         raise errors.InvalidArgument(
-            f"SNAPSHOTTER_KEEP_JOBS={raw!r} is not a whole number >= 0", "fix or unset it"
+            f"SNAPSHOTTER_UPLOAD_NICE={n} is above 19", "set a nice value from 0 to 19"
         )
     return n

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import os
+import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -16,6 +17,16 @@ def pid_alive(pid: int) -> bool:
         return False
     except PermissionError:
         return True
+    return True
+
+
+def lower_this_thread(nice: int) -> bool:
+    """Give the calling thread the CPU priority `nice` (0..19; Linux keeps it per thread, and
+    the threads it starts inherit it). False when the kernel refused."""
+    try:
+        os.setpriority(os.PRIO_PROCESS, threading.get_native_id(), nice)
+    except OSError:
+        return False
     return True
 
 

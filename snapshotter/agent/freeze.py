@@ -20,12 +20,14 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from snapshotter import errors
+from snapshotter.agent.local_copy import LocalCopies
 from snapshotter.agent.progress import HOLD_S as PROGRESS_HOLD_S
 from snapshotter.agent.runtime import JobTable, NodeJob, NodeJobState, RankRuntime
-from snapshotter.config import Paths
+from snapshotter.config import Paths, upload_nice
 from snapshotter.gpu.stage import GpuHold, GpuStage
 from snapshotter.hook import protocol
 from snapshotter.launch.env import RdzvAddress, resume_env
+from snapshotter.procutil import lower_this_thread
 from snapshotter.rpc import convert
 from snapshotter.sandbox import criu, files
 from snapshotter.sandbox.spawn import PRIVATE_TMP
@@ -102,8 +104,11 @@ class Freezes:
         node_env: dict[str, str],
         parallelism: int,
         lease_s: float,
+        copies: LocalCopies | None = None,
     ) -> None:
         self.node = node
+        self.copies = copies
+        self.upload_nice = upload_nice()  # a bad setting stops the agent's start, not a freeze
         self.paths = paths
         self.store = store
         self.jobs = jobs
@@ -267,8 +272,14 @@ class Freezes:
                 events.append(ev)
                 cv.notify_all()
 
+        # With the job training on (freeze-and-continue), the upload is background work: its
+        # threads (this one and the ones it starts) yield the CPU to the ranks.
+        background = fr.phase is P.RESUMED
+
         def work() -> None:
             try:
+                if background:
+                    lower_this_thread(self.upload_nice)
                 writer = SnapshotWriter(self.store, snapshot_id, progress=progress)
                 fr.writer = writer
                 t0 = time.time()
@@ -322,10 +333,15 @@ class Freezes:
         if fr is not None and fr.writer is not None:
             fr.writer.abort()
 
-    def finish(self, job_id: str, freeze_id: str, stop: bool) -> NodeJob:
+    def finish(self, job_id: str, freeze_id: str, stop: bool, committed: bool = False) -> NodeJob:
+        """The freeze is over (`committed`: its snapshot was committed, so the node keeps the
+        images as the job's local copy for a thaw here)."""
         job = self.jobs.get(job_id)
         with self._lock:
             fr = self._freezes.get(freeze_id)
+        if committed and fr is not None and fr.writer is not None and self.copies is not None:
+            streams = [fr.records[k].stream for k in sorted(fr.records)]
+            self.copies.keep(job_id, fr.writer.snapshot_id, fr.work, streams)
         if stop:
             job.stop(NodeJobState.FROZEN)  # GPU state still checkpointed: nothing to restore
         elif fr is not None:

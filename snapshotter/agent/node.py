@@ -31,6 +31,7 @@ from snapshotter.agent import keeping, settle
 from snapshotter.agent.allow import ExecPolicy
 from snapshotter.agent.freeze import Freezes
 from snapshotter.agent.launch import Launcher
+from snapshotter.agent.local_copy import LocalCopies
 from snapshotter.agent.logs import follow_file
 from snapshotter.agent.orphans import reap_orphans
 from snapshotter.agent.progress import TIMEOUT_S as PROGRESS_TIMEOUT_S
@@ -40,7 +41,7 @@ from snapshotter.agent.retention import Retention, dirs_to_prune
 from snapshotter.agent.runtime import JobTable, NodeJob, NodeJobState
 from snapshotter.agent.sandboxes import Sandboxes
 from snapshotter.agent.thaw import Thaws
-from snapshotter.config import Paths
+from snapshotter.config import Paths, local_copy_bytes
 from snapshotter.gpu import auto_health, auto_stage
 from snapshotter.gpu.health import GpuFault, GpuHealth, fault_proto
 from snapshotter.gpu.stage import GpuStage
@@ -81,6 +82,9 @@ class NodeSettings:
     housekeeping_s: float = 10.0
     # Which interpreters and working directories jobs may use (agent/allow.py).
     policy: ExecPolicy = field(default_factory=ExecPolicy.default)
+    # Disk the newest snapshot of each job may keep here for thaws without a fetch
+    # (agent/local_copy.py); None: SNAPSHOTTER_LOCAL_COPY_BYTES or a quarter of the disk.
+    local_copy_bytes: int | None = None
 
 
 class NodeAgent:
@@ -109,13 +113,17 @@ class NodeAgent:
             name, self.paths, self.jobs, self.sandboxes, self.rdzv, settings.policy, env,
             settings.netns, settings.private_tmp,
         )  # fmt: skip
+        cap = settings.local_copy_bytes
+        self.copies = LocalCopies(
+            self.paths.copies_dir, local_copy_bytes(self.paths.home) if cap is None else cap
+        )
         self.freezes = Freezes(
             name, self.paths, store, self.jobs, self._gpu, env, settings.dump_parallelism,
-            settings.freeze_lease_s,
+            settings.freeze_lease_s, self.copies,
         )  # fmt: skip
         self.thaws = Thaws(
             name, self.paths, store, self.jobs, self.sandboxes, self.rdzv, self.freezes,
-            self._gpu, settings.netns, settings.dump_parallelism,
+            self._gpu, settings.netns, settings.dump_parallelism, self.copies,
         )  # fmt: skip
         self.readopted = self.sandboxes.readopt(self.jobs, settings.host) if held else []
         for job_id in self.readopted:
@@ -246,12 +254,18 @@ class NodeAgent:
                 next_housekeeping = time.monotonic() + self.settings.housekeeping_s
 
     def housekeep(self) -> None:
-        """Reap stray children; forget old finished jobs (and their logs); stop rendezvous
-        servers and drop fetched thaws a dead coordinator left; keep CRIU's logs bounded."""
+        """Reap stray children; forget old finished jobs (their logs and local copies); drop
+        the local copies of jobs that succeeded (a failed, cancelled or frozen one may be
+        thawed here next); stop rendezvous servers and drop fetched thaws a dead coordinator
+        left; keep CRIU's logs bounded."""
         children.reap_strays()
         r = self.settings.retention
         for job_id in self.jobs.forget_finished(r.finished_jobs, r.finished_job_age_s):
             shutil.rmtree(self.paths.job_dir(job_id), ignore_errors=True)
+            self.copies.drop_job(job_id)
+        for j in self.jobs.all():
+            if j.state is NodeJobState.SUCCEEDED:
+                self.copies.drop_job(j.spec.job_id)
         for job_id in self.rdzv.expire(r.unclaimed_store_s):
             log.warning("stopped the rendezvous server opened for job %s: never claimed", job_id)
         for op in self.thaws.expire(r.stale_fetch_s):

@@ -95,7 +95,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         return common_pb2.Empty()
 
     def FinishFreeze(self, req: agent_pb2.FinishFreezeRequest, ctx: Any) -> agent_pb2.NodeJob:
-        return self.agent.freezes.finish(req.job_id, req.freeze_id, req.stop).to_proto()
+        return self.agent.freezes.finish(
+            req.job_id, req.freeze_id, req.stop, committed=req.committed
+        ).to_proto()
 
     def Fetch(self, req: agent_pb2.FetchRequest, ctx: Any) -> Iterator[agent_pb2.FetchEvent]:
         return self.agent.thaws.fetch(req.snapshot_id, list(req.streams))

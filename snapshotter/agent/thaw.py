@@ -20,6 +20,7 @@ from snapshotter import errors, parallel
 from snapshotter.agent import retention
 from snapshotter.agent.freeze import Freezes
 from snapshotter.agent.launch import check_launch, undo
+from snapshotter.agent.local_copy import LocalCopies
 from snapshotter.agent.rdzv import RdzvHost
 from snapshotter.agent.runtime import JobTable, NodeJob, NodeJobState, RankRuntime
 from snapshotter.agent.sandboxes import Sandboxes
@@ -48,8 +49,10 @@ class Thaws:
         gpu: Callable[[], GpuStage | None],
         netns: str | None,
         parallelism: int,
+        copies: LocalCopies | None = None,
     ) -> None:
         self.node = node
+        self.copies = copies
         self.paths = paths
         self.store = store
         self.jobs = jobs
@@ -63,25 +66,34 @@ class Thaws:
         self._fetched: dict[str, float] = {}  # op -> when its fetch completed (monotonic)
 
     def fetch(self, snapshot_id: str, streams: list[str]) -> Iterator[agent_pb2.FetchEvent]:
-        """Download and verify every chunk of `streams`, then unpack them. Phase one of a
-        thaw: no process starts before every node fetched."""
+        """Download and verify every chunk of `streams`, then unpack them, or take them from
+        this node's local copy once it matched the committed manifest. Phase one of a thaw:
+        no process starts before every node fetched."""
         op = f"thaw-{uuid.uuid4().hex[:12]}"
         work = self.paths.work_dir(op)
         reader = SnapshotReader(self.store, snapshot_id)
         t0 = time.monotonic()
+        local = False
         try:
             yield agent_pb2.FetchEvent(phase=common_pb2.PhaseEvent(phase="fetch", node=self.node))
-            # Stage only the verified compressed chunks; ranks' streams unpack in parallel.
-            reader.verify_and_fetch(work / "staging", streams=streams, decompress=False)
-            reader.extract_directories({s: work / s for s in streams})
-            shutil.rmtree(work / "staging", ignore_errors=True)
+            manifest = reader.manifest()  # the store decides what the snapshot is
+            if self.copies is not None:
+                work.mkdir(parents=True, exist_ok=True)
+                local = self.copies.take(manifest, streams, work, self.parallelism)
+            if not local:
+                # Stage only the verified compressed chunks; ranks' streams unpack in parallel.
+                reader.verify_and_fetch(work / "staging", streams=streams, decompress=False)
+                reader.extract_directories({s: work / s for s in streams})
+                shutil.rmtree(work / "staging", ignore_errors=True)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
         with self._lock:
             self._fetched[op] = time.monotonic()
         yield agent_pb2.FetchEvent(
-            fetched=agent_pb2.Fetched(node=self.node, op=op, fetch_s=time.monotonic() - t0)
+            fetched=agent_pb2.Fetched(
+                node=self.node, op=op, fetch_s=time.monotonic() - t0, local_copy=local
+            )
         )
 
     def discard(self, op: str) -> None:

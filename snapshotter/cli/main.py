@@ -195,9 +195,11 @@ def cmd_thaw(a: argparse.Namespace) -> int:
     )
     res = _drive(c.stub.Thaw(req), ProgressLine(a.json))
     st = res["stats"]
+    local = sorted(n["node"] for n in st.get("nodes", []) if n.get("local_copy"))
     print(
-        f"job {res['job_id']} thawed from {a.snapshot}: fetch+verify {st['fetch_s']:.2f}s, "
-        f"restore {st['restore_s']:.2f}s",
+        f"job {res['job_id']} thawed from {a.snapshot}: fetch+verify {st['fetch_s']:.2f}s"
+        + (f" (node(s) {', '.join(local)} from their verified local copy)" if local else "")
+        + f", restore {st['restore_s']:.2f}s",
         file=sys.stderr,
     )
     emit_result(res, a.json, res["job_id"])

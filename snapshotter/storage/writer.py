@@ -19,7 +19,6 @@ from __future__ import annotations
 import fcntl
 import logging
 import os
-import tarfile
 import threading
 import time
 from collections.abc import Callable, Mapping
@@ -36,6 +35,7 @@ from snapshotter.errors import InvalidArgument, StorageUnavailable
 from snapshotter.storage import format as fmt
 from snapshotter.storage.api import ObjectStore
 from snapshotter.storage.commit import commit_snapshot
+from snapshotter.storage.dirstream import tar_directory
 from snapshotter.storage.tasks import TransferStatus, TransferTasks
 
 log = logging.getLogger(__name__)
@@ -176,9 +176,7 @@ class SnapshotWriter:
 
         def produce() -> None:
             try:
-                with tarfile.open(fileobj=writer, mode="w|", format=tarfile.PAX_FORMAT) as tar:
-                    for entry in sorted(os.listdir(root)):
-                        tar.add(root / entry, arcname=entry, recursive=True)
+                tar_directory(root, writer)
             except BaseException as e:  # noqa: BLE001 - handed to the consumer below
                 failure.append(e)
             finally:

@@ -236,14 +236,16 @@ class UploadEvent(_message.Message):
     def __init__(self, progress: _Optional[_Union[_common_pb2.TransferProgress, _Mapping]] = ..., uploaded: _Optional[_Union[Uploaded, _Mapping]] = ...) -> None: ...
 
 class FinishFreezeRequest(_message.Message):
-    __slots__ = ("job_id", "freeze_id", "stop")
+    __slots__ = ("job_id", "freeze_id", "stop", "committed")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     FREEZE_ID_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
+    COMMITTED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     freeze_id: str
     stop: bool
-    def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., stop: _Optional[bool] = ...) -> None: ...
+    committed: bool
+    def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., stop: _Optional[bool] = ..., committed: _Optional[bool] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
     __slots__ = ("snapshot_id", "streams")
@@ -254,14 +256,16 @@ class FetchRequest(_message.Message):
     def __init__(self, snapshot_id: _Optional[str] = ..., streams: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class Fetched(_message.Message):
-    __slots__ = ("node", "op", "fetch_s")
+    __slots__ = ("node", "op", "fetch_s", "local_copy")
     NODE_FIELD_NUMBER: _ClassVar[int]
     OP_FIELD_NUMBER: _ClassVar[int]
     FETCH_S_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_COPY_FIELD_NUMBER: _ClassVar[int]
     node: str
     op: str
     fetch_s: float
-    def __init__(self, node: _Optional[str] = ..., op: _Optional[str] = ..., fetch_s: _Optional[float] = ...) -> None: ...
+    local_copy: bool
+    def __init__(self, node: _Optional[str] = ..., op: _Optional[str] = ..., fetch_s: _Optional[float] = ..., local_copy: _Optional[bool] = ...) -> None: ...
 
 class FetchEvent(_message.Message):
     __slots__ = ("phase", "progress", "fetched")

@@ -342,14 +342,18 @@ class ThawRequest(_message.Message):
     def __init__(self, snapshot_id: _Optional[str] = ..., job_id: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NodeThawStats(_message.Message):
-    __slots__ = ("node", "restore_s", "resume_s")
+    __slots__ = ("node", "restore_s", "resume_s", "fetch_s", "local_copy")
     NODE_FIELD_NUMBER: _ClassVar[int]
     RESTORE_S_FIELD_NUMBER: _ClassVar[int]
     RESUME_S_FIELD_NUMBER: _ClassVar[int]
+    FETCH_S_FIELD_NUMBER: _ClassVar[int]
+    LOCAL_COPY_FIELD_NUMBER: _ClassVar[int]
     node: str
     restore_s: float
     resume_s: float
-    def __init__(self, node: _Optional[str] = ..., restore_s: _Optional[float] = ..., resume_s: _Optional[float] = ...) -> None: ...
+    fetch_s: float
+    local_copy: bool
+    def __init__(self, node: _Optional[str] = ..., restore_s: _Optional[float] = ..., resume_s: _Optional[float] = ..., fetch_s: _Optional[float] = ..., local_copy: _Optional[bool] = ...) -> None: ...
 
 class ThawStats(_message.Message):
     __slots__ = ("fetch_s", "restore_s", "total_s", "nodes")

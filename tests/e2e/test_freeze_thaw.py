@@ -5,6 +5,7 @@ thawed; its final parameters must be bit-identical to an uninterrupted run.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -60,6 +61,8 @@ def test_freeze_stop_then_thaw_is_bit_identical(
 
     th = snap.run("thaw", snapshot)
     assert th.stdout.strip().splitlines()[-1] == job  # the job continues under its own id
+    # Thawed where it was frozen: from the node's verified copy, no fetch from the store.
+    assert "from their verified local copy" in th.stderr, th.stderr
     st = snap.wait(job)
     assert st["state"] == "SUCCEEDED", st
     assert read_result(out) == reference
@@ -97,9 +100,23 @@ def test_thaw_a_fork_while_the_original_runs(
     job = snap.start_job(out, "--steps", STEPS, "--step-sleep", "0.2")
     snap.wait_step(job, 40)
     snapshot = snap.run("freeze", job).stdout.strip().splitlines()[-1]
+    # The node's copy of the snapshot is damaged (one bit of a page image, its times put
+    # back): the thaw must notice, fetch from the store instead, and still be exact.
+    page = max((snap.home / "copies" / job / snapshot).rglob("pages-*.img"),
+               key=lambda p: p.stat().st_size)  # fmt: skip
+    before = page.stat()
+    with open(page, "r+b") as f:
+        f.seek(before.st_size // 2)
+        b = f.read(1)
+        f.seek(before.st_size // 2)
+        f.write(bytes([b[0] ^ 0x10]))
+    os.utime(page, ns=(before.st_atime_ns, before.st_mtime_ns))
     # The fork is the same process image, so it writes the same --out path: check the
     # original's result first, then the fork's.
-    fork = snap.run("thaw", snapshot).stdout.strip().splitlines()[-1]
+    th = snap.run("thaw", snapshot)
+    assert "local copy" not in th.stderr, th.stderr
+    assert not (snap.home / "copies" / job / snapshot).exists()  # the damaged copy is gone
+    fork = th.stdout.strip().splitlines()[-1]
     assert fork != job and fork.startswith(job)
     st = snap.wait(job)
     assert st["state"] == "SUCCEEDED", st

@@ -120,6 +120,8 @@ def test_policy_snapshots_retention_and_recovery_of_a_killed_rank(
     # From a policy snapshot (maybe one taken after those above, before the kill).
     taken = {e["snapshot_id"] for e in evs if e["kind"] == "snapshot"}
     assert recovered[0]["snapshot_id"] in taken and recovered[0]["took_s"] > 0
+    # The same node: thawed from the copy it kept of that snapshot, nothing fetched.
+    assert "verified local copy on" in recovered[0]["detail"], recovered[0]
     assert final["recoveries"] == 1
     print(f"\n[resilience] kill -9 detected after {failure['time'] - killed_at:.2f}s, "
           f"recovered in {recovered[0]['took_s']:.2f}s, steps lost "

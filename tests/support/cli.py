@@ -9,6 +9,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -137,6 +138,9 @@ class SnapCli:
                 os.kill(pid, signal.SIGKILL)
             except (ProcessLookupError, PermissionError):
                 pass
+        # The node's raw local snapshot copies are the largest thing a test leaves; pytest
+        # keeps every test's home until the session ends.
+        shutil.rmtree(self.home / "copies", ignore_errors=True)
 
 
 def _alive(pid: int) -> bool:

@@ -19,6 +19,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shutil
 import signal
 import subprocess
 import sys
@@ -298,6 +299,8 @@ class Deployment:
             except subprocess.TimeoutExpired:
                 proc.kill()
                 proc.wait(5)
+        for home in self.root.glob("home-*"):
+            shutil.rmtree(home / "copies", ignore_errors=True)  # raw images, the largest files
 
 
 class Op:

@@ -1,0 +1,86 @@
+"""A directory as a snapshot stream: the one way its tar bytes are made, and the check that a
+local directory is byte for byte a committed stream.
+
+The writer streams a rank's image directory through `tar_directory`; the agent keeps that
+directory after the commit (its local copy) and, before a thaw restores from it, `matches`
+makes the same bytes again and compares every chunk's length and raw sha256 with the
+manifest: a copy that changed in any byte, lost or gained a file, or was touched in its
+metadata is refused, and the thaw fetches from the store instead.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import tarfile
+from pathlib import Path
+from typing import BinaryIO, cast
+
+from snapshotter.storage import format as fmt
+
+
+def tar_directory(root: Path, out: BinaryIO) -> None:
+    """Write the tree under `root` to `out` as an uncompressed PAX tar ('w|'), entries in
+    sorted order with paths relative to `root`: the same tree gives the same bytes."""
+    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+        for entry in sorted(os.listdir(root)):
+            tar.add(root / entry, arcname=entry, recursive=True)
+
+
+class _ChunkHasher:
+    """A write-only file that hashes what it is given in the stream's chunk boundaries and
+    stops at the first chunk that differs."""
+
+    def __init__(self, stream: fmt.StreamInfo) -> None:
+        self.stream = stream
+        self.index = 0
+        self.filled = 0
+        self.hash = hashlib.sha256()
+        self.mismatch = ""
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        view = memoryview(data)
+        while view and not self.mismatch:
+            if self.index >= len(self.stream.chunks):
+                self.mismatch = f"longer than its {self.stream.raw_size} bytes"
+                break
+            want = self.stream.chunks[self.index].raw_size
+            take = min(want - self.filled, len(view))
+            self.hash.update(view[:take])
+            self.filled += take
+            view = view[take:]
+            if self.filled == want:
+                self._close_chunk()
+        return len(data)
+
+    def _close_chunk(self) -> None:
+        c = self.stream.chunks[self.index]
+        if self.hash.hexdigest() != c.raw_sha256:
+            self.mismatch = f"chunk {c.index} differs"
+        self.index += 1
+        self.filled = 0
+        self.hash = hashlib.sha256()
+
+    def flush(self) -> None:
+        pass
+
+    def result(self) -> str:
+        """Empty when every chunk matched and nothing was left over, else what differed."""
+        if self.mismatch:
+            return self.mismatch
+        if self.filled or self.index != len(self.stream.chunks):
+            return f"shorter than its {self.stream.raw_size} bytes"
+        return ""
+
+
+def matches(stream: fmt.StreamInfo, root: Path) -> str:
+    """Whether directory `root` is stream `stream` of a committed manifest: "" when it is,
+    else why not."""
+    if not root.is_dir():
+        return f"{root} is missing"
+    sink = _ChunkHasher(stream)
+    try:
+        tar_directory(root, cast(BinaryIO, sink))  # a stream tar only writes and flushes
+    except OSError as e:
+        return f"unreadable: {e}"
+    return sink.result()
