@@ -388,7 +388,7 @@ def auto_interval(
 class PolicyState:
     """One job's policy bookkeeping, kept by the caller and replaced, never mutated."""
 
-    anchor: float | None = None  # monotonic time the interval counts from (the last start)
+    anchor: float | None = None  # monotonic time the interval counts from (start/last freeze end)
     anchor_steps: int | None = None  # optimizer steps at the last snapshot's start
     running_since: float | None = None  # a freeze started by the policy is still running
     failures: int = 0  # consecutive failed/refused policy freezes
@@ -527,17 +527,13 @@ def started(s: PolicyState, now: float, steps: int | None) -> PolicyState:
 def finished(
     s: PolicyState, now: float, steps_at_start: int | None, ok: bool, error: str = ""
 ) -> PolicyState:
-    """A policy freeze ended (or was refused, with ok=False). Success counts both the interval
-    and the steps from the freeze's start: that is the point a thaw returns to, so "every T"
-    spaces restore points T apart, and what a failure loses stays within T. A freeze that took
-    longer than T makes the next one due as it ends (never during: the overlap rule). Failure
-    keeps both anchors, so the snapshot stays due and only the backoff spaces the retries."""
+    """A policy freeze ended (or was refused, with ok=False). Success counts the interval from
+    now and the steps from the freeze's start. Failure keeps both anchors, so the snapshot stays
+    due and only the backoff spaces the retries."""
     if ok:
-        began = s.running_since
         return replace(
             s,
-            # (a start in the future: the clock went back during the freeze; count from now)
-            anchor=began if began is not None and began <= now else now,
+            anchor=now,
             anchor_steps=steps_at_start if steps_at_start is not None else s.anchor_steps,
             running_since=None,
             failures=0,

@@ -4,6 +4,7 @@ step; the job keeps running where it was running, and no partial snapshot become
 from __future__ import annotations
 
 import os
+import shutil
 import subprocess
 import sys
 import time
@@ -207,6 +208,10 @@ def test_corrupt_chunk_fails_thaw_before_any_process_starts(snap: SnapCli, tmp_p
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF
     victim.write_bytes(bytes(data))
+    # A thaw that must fetch: without the node's own copy of the images (a thaw on another
+    # node, or a copy evicted). With the copy, the thaw would restore from it, checked
+    # against the manifest: the store's damaged chunk is never read.
+    shutil.rmtree(snap.home / "copies")
     p = snap.run("thaw", snapshot, check=False)
     assert p.returncode == 7, p.stderr
     assert snapshot in p.stderr and "chunk" in p.stderr and "next step:" in p.stderr

@@ -160,7 +160,10 @@ def test_thaw_of_an_altered_snapshot_starts_nothing(
     snap = cli.json("freeze", job, "--stop")["snapshot_id"]
     keys = [k for k in server.keys(f"mn/snapshots/{snap}/") if not k.endswith("manifest.json")]
     s3 = server.client()
-    victim = sorted(keys)[len(keys) // 2]  # a chunk of some rank: one node's fetch fails
+    # A chunk of rank 2 or 3 (node b's): node c fetches them and fails. (Node a takes ranks 0
+    # and 1 again, from its own copy, checked against the manifest: it reads no chunk.)
+    theirs = sorted(k for k in keys if "/chunks/rank-2/" in k or "/chunks/rank-3/" in k)
+    victim = theirs[len(theirs) // 2]
     body = s3.get_object(Bucket=server.bucket, Key=victim)["Body"].read()
     s3.put_object(Bucket=server.bucket, Key=victim, Body=body[:-1] + bytes([body[-1] ^ 1]))
     p = cli.run("thaw", snap, "--nodes", "a,c", "--job-id", "altered", "--json", check=False)

@@ -395,16 +395,11 @@ def test_either_rule_makes_it_due() -> None:
     assert decide(p, s, 600.0, None, 600.0).due  # unknown steps do not block the time rule
 
 
-def test_time_and_steps_both_anchor_at_the_snapshot_start() -> None:
-    # The restore point is the freeze's start: what a failure loses counts from there.
+def test_steps_anchor_at_the_snapshot_start_and_time_at_its_end() -> None:
     s = started(PolicyState(anchor=0.0, anchor_steps=0), now=100.0, steps=400)
     assert s.running_since == 100.0
-    done = finished(s, now=130.0, steps_at_start=400, ok=True)
-    assert (done.anchor, done.anchor_steps, done.running_since, done.failures) == (
-        100.0, 400, None, 0,
-    )  # fmt: skip
-    # The clock went back during the freeze: its start lies in the future; count from now.
-    assert finished(s, now=40.0, steps_at_start=400, ok=True).anchor == 40.0
+    s = finished(s, now=130.0, steps_at_start=400, ok=True)
+    assert (s.anchor, s.anchor_steps, s.running_since, s.failures) == (130.0, 400, None, 0)
 
 
 def test_step_policy_in_the_simulated_thread() -> None:
@@ -427,12 +422,11 @@ def test_a_running_freeze_is_never_overlapped() -> None:
 def test_a_freeze_longer_than_the_interval_is_followed_by_one_snapshot_not_a_burst() -> None:
     sim = Sim(Policy(every_s=60.0), 60.0, freeze_s=140.0)
     dues = sim.run_for(500)
-    # Each freeze runs 140 s, past its 60 s interval: the next is due as it ends (the same
-    # tick), once, and none starts while one runs.
-    assert sim.starts == [1060.0, 1200.0, 1340.0, 1480.0]
-    assert sum(d.due for d in dues) == 4
-    # 139 ticks inside each of the first three freezes, 20 inside the fourth when the run ends.
-    assert sum("overlap" in d.reason for d in dues) == 139 * 3 + 20
+    # Each freeze runs 140 s; the next is due 60 s after it ends, and only once.
+    assert sim.starts == [1060.0, 1260.0, 1460.0]
+    assert sum(d.due for d in dues) == 3
+    # 139 ticks inside each of the first two freezes, 40 inside the third when the run ends.
+    assert sum("overlap" in d.reason for d in dues) == 139 + 139 + 40
 
 
 def test_a_never_quiesceable_job_is_retried_ever_more_slowly_up_to_the_interval() -> None:
@@ -452,8 +446,8 @@ def test_backoff_counts_from_the_end_of_the_failed_attempt() -> None:
     sim = Sim(Policy(every_s=600.0), 600.0, freeze_s=30.0, outcome=lambda n: (n > 2, "busy"))
     sim.run_for(1400)
     # 1600 fails at 1630, 1640 (+10 after the end) fails at 1670, 1690 (+20) succeeds at 1720;
-    # then the interval counts from that success's start: 2290.
-    assert sim.starts == [1600.0, 1640.0, 1690.0, 2290.0]
+    # then the interval counts from that success: 2320.
+    assert sim.starts == [1600.0, 1640.0, 1690.0, 2320.0]
     assert sim.state.failures == 0
 
 
@@ -496,8 +490,7 @@ def test_clock_jumping_forward_yields_one_snapshot_not_a_catch_up() -> None:
     sim.tick(DAY)  # suspended for a day
     jumped = sim.now
     sim.run_for(120)
-    # One snapshot at the jump, then the interval again: not the 1440 a day held.
-    assert sim.starts == [jumped, jumped + 60.0, jumped + 120.0]
+    assert sim.starts == [jumped, jumped + 5.0 + 60.0]
 
 
 def test_reanchor_starts_a_new_life_without_the_old_failures() -> None:
