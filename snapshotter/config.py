@@ -92,8 +92,9 @@ def store_url(paths: Paths) -> str:
     return os.environ.get("SNAPSHOTTER_STORE") or paths.default_store
 
 
-def _whole_number(name: str, default: str, next_step: str) -> int:
-    """Environment variable `name` as a whole number >= 0 (`default` when unset or blank).
+def _whole_number(name: str, default: str, next_step: str, top: int | None = None) -> int:
+    """Environment variable `name` as a whole number >= 0 and at most `top` (`default` when
+    unset or blank).
 
     Raises: InvalidArgument naming the variable and `next_step`.
     """
@@ -106,6 +107,8 @@ def _whole_number(name: str, default: str, next_step: str) -> int:
         n = -1
     if n < 0:
         raise errors.InvalidArgument(f"{name}={raw!r} is not a whole number >= 0", next_step)
+    if top is not None and n > top:
+        raise errors.InvalidArgument(f"{name}={n} is above {top}", next_step)
     return n
 
 
@@ -138,11 +141,4 @@ def upload_nice() -> int:
 
     Raises: InvalidArgument if it is not a whole number in 0..19.
     """
-    from snapshotter import errors
-
-    n = _whole_number("SNAPSHOTTER_UPLOAD_NICE", "19", "set a nice value from 0 to 19")
-    if n > 19:
-        raise errors.InvalidArgument(
-            f"SNAPSHOTTER_UPLOAD_NICE={n} is above 19", "set a nice value from 0 to 19"
-        )
-    return n
+    return _whole_number("SNAPSHOTTER_UPLOAD_NICE", "19", "set a nice value from 0 to 19", top=19)
