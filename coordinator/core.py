@@ -22,7 +22,14 @@ from snapshotter.agent.retention import jobs_to_forget
 from snapshotter.coordinator import detect
 from snapshotter.coordinator import policy as policies
 from snapshotter.coordinator.agents import AgentHandle, on_all, open_rdzv_req
-from snapshotter.coordinator.decisions import JobPhase, exit_code, job_phase, place, thaw_job_id
+from snapshotter.coordinator.decisions import (
+    JobPhase,
+    exit_code,
+    job_phase,
+    place,
+    supervised_phase,
+    thaw_job_id,
+)
 from snapshotter.coordinator.freeze import FreezeOperation, FreezeSettings
 from snapshotter.coordinator.journal import Journal
 from snapshotter.coordinator.life import JobLife
@@ -338,14 +345,10 @@ class Coordinator:
     def _phase(self, rec: JobRecord, views: list[agent_pb2.NodeJob] | None = None) -> JobPhase:
         if views is None:
             views = self._node_views(rec)
-        phase = job_phase(rec.busy, [v.state for v in views])
         life = rec.life
-        if rec.busy is None and (life.recovering or (
-            phase is JobPhase.FAILED and rec.recovers and not life.gave_up and not life.cancelled
-        )):  # fmt: skip
-            phase = JobPhase.RECOVERING  # the supervisor will thaw it: not over yet
-        elif life.gave_up and phase is JobPhase.CANCELLED and not life.cancelled:
-            phase = JobPhase.FAILED  # we ended what was left of it: it failed
+        phase = supervised_phase(job_phase(rec.busy, [v.state for v in views]), rec.busy,
+                                 rec.recovers, life.recovering, bool(life.gave_up),
+                                 life.cancelled)  # fmt: skip
         # When it was first seen finished (a thaw under the same id makes it live again).
         rec.ended = (rec.ended or time.time()) if phase.terminal else None
         return phase

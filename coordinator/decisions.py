@@ -136,6 +136,33 @@ def job_phase(busy: str | None, node_states: Iterable[str]) -> JobPhase:
     return JobPhase.RUNNING
 
 
+def supervised_phase(
+    phase: JobPhase,
+    busy: str | None,
+    recovers: bool,
+    recovering: bool,
+    gave_up: bool,
+    cancelled: bool,
+) -> JobPhase:
+    """The phase reported for a job under `--recover auto`, from `job_phase`'s.
+
+    A job that failed is RECOVERING while the supervisor will thaw it. So is one that was
+    CANCELLED, unless a person cancelled it: the only other canceller of a running job is a
+    freeze that lost a node (its ranks elsewhere are stopped so none waits for the lost
+    ones), and that job must be recovered, not reported over. Once recovery gave up, what
+    it stopped is FAILED."""
+    if busy is not None:
+        return phase
+    if recovering:
+        return JobPhase.RECOVERING
+    if phase in (JobPhase.FAILED, JobPhase.CANCELLED) and recovers and not gave_up:
+        if not cancelled:
+            return JobPhase.RECOVERING  # the supervisor will thaw it: not over yet
+    if gave_up and phase is JobPhase.CANCELLED and not cancelled:
+        return JobPhase.FAILED  # we ended what was left of it: it failed
+    return phase
+
+
 def exit_code(phase: JobPhase, rank_codes: Iterable[int | None]) -> int:
     """The exit code `snapshotter run`/`wait` return: the first failing rank's, like torchrun."""
     if phase is JobPhase.SUCCEEDED or phase is JobPhase.FROZEN:

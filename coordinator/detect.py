@@ -3,8 +3,11 @@ the failure (or None), out. The supervisor (supervisor.py) samples and acts.
 
     rank failure  a rank exited non-zero or by a signal (the agent ends its peers: fail-fast)
     node lost     the node's agent missed its heartbeats for the coordinator's TTL
-    hang          every rank alive, yet no rank issued a collective for `deadline` seconds
-                  (once the job's first collective was issued: start-up is no hang);
+    hang          every rank alive, yet no collective completed for `deadline` seconds
+                  (once the job's first collective was issued: start-up is no hang). A
+                  collective completes only once every member issued it, so what completed
+                  is, per group, the fewest any member issued: one rank issuing ahead of a
+                  stuck peer (as a parked rank does when a freeze gives up) is no progress;
                   the rank behind is the one that stopped answering (or is stopped), else the
                   one that issued the fewest collectives on a group where its peers issued more
 """
@@ -16,6 +19,8 @@ import signal
 from collections.abc import Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
+
+from snapshotter.procutil import STOPPED_STATES
 
 # A rank its agent ended because a peer failed first (fail-fast) exits by one of these.
 _ENDED_BY_AGENT = (-signal.SIGTERM, -signal.SIGKILL, 128 + signal.SIGTERM, 128 + signal.SIGKILL)
@@ -97,6 +102,22 @@ class Progress:
     # Some rank ever answered a progress query: ranks whose hook predates the query (thawed
     # from an old snapshot) never do, and silence alone is no hang.
     answering: bool = False
+    # What the job as a whole completed (`frontier`), and when that last moved.
+    completed: tuple[tuple[tuple[str, int], ...], int] = ((), 0)
+    moved: float | None = None
+
+
+def frontier(
+    seen: Mapping[int, tuple[tuple[tuple[str, int], ...], int, float]],
+) -> tuple[tuple[tuple[str, int], ...], int]:
+    """Per group, the fewest collectives any of its members issued (what completed), and the
+    fewest optimizer steps any rank took."""
+    low: dict[str, int] = {}
+    for key, _, _ in seen.values():
+        for g, n in key:
+            low[g] = min(low.get(g, n), n)
+    steps = min((st for _, st, _ in seen.values()), default=0)
+    return tuple(sorted(low.items())), steps
 
 
 def observe(p: Progress, samples: Sequence[RankSample], now: float) -> Progress:
@@ -113,21 +134,26 @@ def observe(p: Progress, samples: Sequence[RankSample], now: float) -> Progress:
             seen[s.rank] = (key, s.steps, now)
     answered = [s.steps for s in samples if s.answered]
     steps = max(answered) if answered else p.steps
-    return Progress(seen=seen, steps=steps, answering=p.answering or bool(answered))
+    done = frontier(seen)
+    moved = now if p.moved is None or done != p.completed else p.moved
+    return Progress(seen=seen, steps=steps, answering=p.answering or bool(answered),
+                    completed=done, moved=moved)  # fmt: skip
 
 
 def reset(p: Progress, now: float) -> Progress:
     """Every rank's clock starts again (the job was frozen, thawed or restarted: a freeze
     holds collectives on purpose)."""
     return Progress(seen={r: (k, st, now) for r, (k, st, _) in p.seen.items()}, steps=p.steps,
-                    answering=p.answering)
+                    answering=p.answering, completed=p.completed,
+                    moved=now if p.seen else p.moved)  # fmt: skip
 
 
 def stalled_for(p: Progress, now: float) -> float | None:
-    """Seconds since any rank last moved (None before the first sample)."""
-    if not p.seen:
+    """Seconds since the job last completed a collective or a step (None before the first
+    sample)."""
+    if not p.seen or p.moved is None:
         return None
-    return now - max(t for _, _, t in p.seen.values())
+    return now - p.moved
 
 
 def hang(
@@ -135,18 +161,16 @@ def hang(
 ) -> Failure | None:
     if not samples or not p.seen or not p.answering or not _collectives_began(p):
         return None
-    changed = [p.seen[s.rank][2] for s in samples if s.rank in p.seen]
-    if len(changed) < len(samples):
+    if any(s.rank not in p.seen for s in samples) or p.moved is None:
         return None
-    newest = max(changed)
-    stalled_for = now - newest
+    stalled_for = now - p.moved
     if stalled_for < deadline_s:
         return None
     behind = behind_rank(samples)
     who = f"rank {behind}" if behind is not None else "no single rank"
     return Failure(
         "hang",
-        f"no collective was issued on any rank for {stalled_for:.0f}s (deadline "
+        f"no collective completed for {stalled_for:.0f}s (deadline "
         f"{deadline_s:.0f}s); {who} is the one the others wait for",
         rank=behind,
         detect_s=stalled_for,
@@ -160,7 +184,7 @@ def _collectives_began(p: Progress) -> bool:
 
 
 def behind_rank(samples: Sequence[RankSample]) -> int | None:
-    stopped = [s.rank for s in samples if s.proc_state in ("T", "t")]
+    stopped = [s.rank for s in samples if s.proc_state in STOPPED_STATES]
     if stopped:
         return min(stopped)
     silent = [s.rank for s in samples if not s.answered]

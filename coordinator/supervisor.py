@@ -39,6 +39,18 @@ pb = coordinator_pb2
 # training thread waits in a collective); one that does not within this is stopped or hung,
 # and the policy's freeze gives up soon, so that hang detection can look again.
 POLICY_PREPARE_TIMEOUT_S = 5.0
+# How long a policy freeze waits for every rank to park, at most: a person's freeze waits
+# longer (a long phase without collectives), a policy's retries at its next due time.
+POLICY_QUIESCE_TIMEOUT_S = 60.0
+
+
+def policy_quiesce_timeout(recovers: bool, hang_deadline_s: float) -> float:
+    """A rank that does not reach the next collective within the hang deadline is hung (or
+    stopped): under --recover auto a policy freeze gives up on it by then, so that hang
+    detection, which a freeze holds off, names it within its deadline, not the park's."""
+    if not recovers:
+        return POLICY_QUIESCE_TIMEOUT_S
+    return max(1.0, min(POLICY_QUIESCE_TIMEOUT_S, hang_deadline_s))
 
 
 def policy_of(rec: JobRecord) -> policies.Policy:
@@ -182,7 +194,9 @@ class Supervisor:
         t0 = time.monotonic()
         try:
             done = None
-            req = pb.FreezeRequest(job_id=rec.spec.job_id)
+            deadline = rec.spec.recovery.hang_deadline_s or DEFAULT_HANG_DEADLINE_S
+            req = pb.FreezeRequest(job_id=rec.spec.job_id, quiesce_timeout_s=policy_quiesce_timeout(
+                rec.recovers, deadline))  # fmt: skip
             for ev in self.c.freeze(req, prepare_timeout=POLICY_PREPARE_TIMEOUT_S):
                 if ev.HasField("done"):
                     done = ev.done

@@ -119,6 +119,10 @@ def sandbox_pids(init_pid: int, proc: Path = Path("/proc")) -> list[int]:
     return out
 
 
+# /proc states of a process that cannot run until it is continued (SIGSTOP, a tracer).
+STOPPED_STATES = ("T", "t")
+
+
 def proc_state(pid: int, proc: Path = Path("/proc")) -> str:
     """The state letter of `pid` in /proc/<pid>/stat (R running, S sleeping, D disk wait,
     T stopped, t traced, Z zombie, X dead), or "" when there is no such process."""

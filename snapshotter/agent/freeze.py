@@ -22,12 +22,13 @@ from pathlib import Path
 from snapshotter import errors
 from snapshotter.agent.local_copy import LocalCopies
 from snapshotter.agent.progress import HOLD_S as PROGRESS_HOLD_S
+from snapshotter.agent.progress import rank_state
 from snapshotter.agent.runtime import JobTable, NodeJob, NodeJobState, RankRuntime
 from snapshotter.config import Paths, upload_nice
 from snapshotter.gpu.stage import GpuHold, GpuStage
 from snapshotter.hook import protocol
 from snapshotter.launch.env import RdzvAddress, resume_env
-from snapshotter.procutil import lower_this_thread
+from snapshotter.procutil import STOPPED_STATES, lower_this_thread
 from snapshotter.rpc import convert
 from snapshotter.sandbox import criu, files
 from snapshotter.sandbox.spawn import PRIVATE_TMP
@@ -183,12 +184,30 @@ class Freezes:
             )
 
     def abort(self, job_id: str, freeze_id: str, timeout: float = 30.0) -> agent_pb2.AbortReply:
-        """Undo a park (communicators intact): every rank continues as before."""
+        """Undo a park (communicators intact): every rank continues as before.
+
+        Told to all at once, then the replies are awaited under one deadline. A rank that is
+        stopped (SIGSTOP, a debugger) cannot answer: it is not waited for (its hook reads the
+        abort when it runs again), so that the freeze fails at once and hang detection,
+        which names that rank, looks again."""
         job = self.jobs.get(job_id)
         reply = agent_pb2.AbortReply()
+        told = []
         for r in job.alive_ranks():
             try:
-                r.channel.request(protocol.abort(freeze_id), timeout)
+                r.channel.send(protocol.abort(freeze_id))
+                told.append(r)
+            except errors.SnapshotterError as e:
+                reply.failed[r.rank] = e.cause
+        deadline = time.monotonic() + timeout
+        for r in told:
+            if rank_state(r) in STOPPED_STATES:
+                reply.failed[r.rank] = (f"rank {r.rank} is stopped: it continues when it runs "
+                                        "again")  # fmt: skip
+                continue
+            try:
+                r.channel.expect(protocol.REPLY_TO[protocol.ABORT], freeze_id,
+                                 max(0.0, deadline - time.monotonic()))  # fmt: skip
             except errors.SnapshotterError as e:
                 reply.failed[r.rank] = e.cause
         self._end(job, freeze_id)

@@ -23,7 +23,7 @@ import pytest
 
 from snapshotter.rpc.client import Target, coordinator_client
 from snapshotter.v1 import coordinator_pb2 as cpb
-from tests.support.cli import ROOT
+from tests.support.cli import ROOT, TRAIN
 from tests.support.multinode import Deployment, Op, rank_sandbox_pids, skip_without_nodes
 from tests.support.netns import Cluster
 
@@ -186,6 +186,49 @@ def test_agent_killed_during_freeze(healthy: Deployment, tmp_path: Path) -> None
     _no_ranks_left(dep)
     # The earlier snapshot thaws onto a and c (b replaced) and the job finishes.
     _thaw_finishes(dep, s1, "a,c", tmp_path / "out.json")
+
+
+def test_agent_killed_during_freeze_of_a_job_that_recovers(
+    healthy: Deployment, tmp_path: Path
+) -> None:
+    """The same loss under --recover auto: the failed freeze stops the job's other ranks so
+    none waits for the lost node, and the job is then recovered (its newest snapshot thawed
+    with b replaced by the spare c), not reported CANCELLED and left there."""
+    dep = healthy
+    out = tmp_path / "out.json"
+    p = dep.cli.run("run", "--detach", "--nnodes", "2", "--nproc-per-node", "2", "--nodes",
+                    "a,b", "--recover", "auto", "--spares", "c", str(TRAIN), "--out", str(out),
+                    *SHORT)  # fmt: skip
+    job = p.stdout.strip().splitlines()[-1]
+    dep.cli.wait_step(job, 20)
+    s1 = dep.cli.json("freeze", job)["snapshot_id"]
+    op = Op(dep, "freeze", job)
+    op.wait_phase("dump")
+    dep.kill_agent("b")
+    code, res = op.result()
+    assert code != 0 and "node(s) b do not answer" in res["error"]["cause"], res
+    events = _until_event(dep, job, "recovered")
+    (failure,) = [e for e in events if e["kind"] == "failure"]
+    assert failure["cause"] == "node_lost" and failure["nodes"] == ["b"], failure
+    rec = next(e for e in events if e["kind"] == "recovered")
+    assert rec["snapshot_id"] == s1 and rec["nodes"] == ["a", "c"], rec
+    st = dep.cli.wait(job)
+    assert st["state"] == "SUCCEEDED", (st, dep.logs())
+    assert json.loads(out.read_text())["steps"] == SHORT_STEPS
+    dep.start_agent("b")  # its agent ends the ranks the lost node still ran of the job
+    _no_ranks_left(dep)
+
+
+def _until_event(dep: Deployment, job: str, kind: str, timeout: float = 180) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        events: list[dict] = dep.cli.json("events", job)["events"]
+        if any(e["kind"] == kind for e in events):
+            return events
+        if time.monotonic() > deadline:
+            raise AssertionError(f"no {kind} event for {job} within {timeout:.0f}s: {events}\n"
+                                 f"{_status(dep, job)}\n{dep.logs()}")  # fmt: skip
+        time.sleep(0.5)
 
 
 def test_agent_killed_during_restore(healthy: Deployment, tmp_path: Path) -> None:

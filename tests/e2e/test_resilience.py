@@ -211,6 +211,37 @@ def test_a_stopped_rank_is_a_hang_named_within_the_deadline_and_recovered(
     print(f"\n[resilience] SIGSTOP detected as a hang after {took:.2f}s (deadline 8s)")
 
 
+def test_a_rank_stopped_while_a_policy_freeze_parks_is_a_hang_named_soon(
+    cli: SnapCli, reference: str, tmp_path: Path
+) -> None:
+    """SIGSTOP of rank 1 while a policy freeze waits for it to park (the job is in a phase
+    without collectives): the freeze gives up within the hang deadline, not the park's 60 s
+    (then 30 s more on the stopped rank's abort), and the hang is named and recovered."""
+    out = tmp_path / "out.json"
+    job = _run(cli, out, "--recover", "auto", "--hang-deadline", "20",
+               train=("--pause-at", "50", "--pause-s", "14"))  # fmt: skip
+    cli.wait_step(job, 50)  # rank 0 printed step 50: both ranks are in the pause now
+    cli.run("policy", "set", job, "--snapshot-every", "5s")  # the shortest interval
+    _until("the policy freeze", lambda: cli.json("status", job)["state"] == "FREEZING",
+           timeout=10)  # fmt: skip
+    assert cli.last_step(job, 1) == 50, "rank 1 left the pause before it was stopped"
+    stopped_at = time.time()
+    os.kill(_rank(cli, job, 1), signal.SIGSTOP)
+    failure = _until("the hang", lambda: next(
+        (e for e in _events(cli, job) if e["kind"] == "failure"), None))  # fmt: skip
+    took = failure["time"] - stopped_at
+    assert failure["cause"] == "hang" and failure["rank"] == 1, failure
+    assert took < 45, took  # the park's timeout alone was 60 s
+    failed = [e for e in _events(cli, job) if e["kind"] == "snapshot_failed"]
+    assert failed and "did not reach collective barrier" in failed[0]["detail"], failed
+    cli.run("policy", "clear", job, check=False)  # (once recovered, nothing more to show)
+    final = cli.wait(job)
+    assert final["state"] == "SUCCEEDED", final
+    assert read_result(out)["digest"] == reference
+    print(f"\n[resilience] SIGSTOP during a policy freeze's park named as a hang after "
+          f"{took:.2f}s (deadline 20s)")
+
+
 def _daemon(cli: SnapCli) -> int:
     return int(json.loads((cli.home / "daemon.json").read_text())["pid"])
 

@@ -11,6 +11,7 @@ from snapshotter.coordinator.decisions import (
     job_phase,
     pick_targets,
     snapshot_id,
+    supervised_phase,
     thaw_job_id,
 )
 
@@ -60,6 +61,34 @@ def test_thaw_explicit_id_must_not_be_active() -> None:
 )
 def test_job_phase(busy: str | None, states: list[str], want: JobPhase) -> None:
     assert job_phase(busy, states) is want
+
+
+R, F, C = JobPhase.RUNNING, JobPhase.FAILED, JobPhase.CANCELLED
+
+
+@pytest.mark.parametrize(
+    ("phase", "busy", "recovers", "recovering", "gave_up", "cancelled", "want"),
+    [
+        (R, None, True, False, False, False, R),
+        (F, None, True, False, False, False, JobPhase.RECOVERING),
+        # A freeze that lost a node stopped the job's other ranks: recovered, not over.
+        (C, None, True, False, False, False, JobPhase.RECOVERING),
+        (C, None, True, False, False, True, C),  # a person cancelled it
+        (C, None, False, False, False, False, C),  # no --recover auto
+        (F, None, False, False, False, False, F),
+        (C, None, True, False, True, False, F),  # recovery gave up and stopped the rest
+        (F, None, True, False, True, False, F),
+        (R, None, True, True, False, False, JobPhase.RECOVERING),  # a recovery is under way
+        (JobPhase.THAWING, "THAWING", True, True, False, False, JobPhase.THAWING),
+        (JobPhase.SUCCEEDED, None, True, False, False, False, JobPhase.SUCCEEDED),
+        (JobPhase.FROZEN, None, True, False, False, False, JobPhase.FROZEN),
+    ],
+)
+def test_supervised_phase(
+    phase: JobPhase, busy: str | None, recovers: bool, recovering: bool, gave_up: bool,
+    cancelled: bool, want: JobPhase,
+) -> None:  # fmt: skip
+    assert supervised_phase(phase, busy, recovers, recovering, gave_up, cancelled) is want
 
 
 def test_exit_code_is_first_failing_rank() -> None:

@@ -33,27 +33,50 @@ def _s(rank: int, n: int, answered: bool = True, state: str = "S") -> RankSample
     return RankSample(rank=rank, answered=answered, counts={"g": n}, steps=n, proc_state=state)
 
 
-def test_a_hang_is_no_rank_moving_for_the_deadline_and_names_the_stopped_rank() -> None:
+def test_a_hang_is_nothing_completed_for_the_deadline_and_names_the_stopped_rank() -> None:
     p = detect.observe(detect.Progress(), [_s(0, 10), _s(1, 10)], now=0.0)
     p = detect.observe(p, [_s(0, 11), _s(1, 11)], now=5.0)
     assert p.steps == 11
     # rank 1 is stopped: it answers nothing; rank 0 blocks in its collective.
     stuck = [_s(0, 12), _s(1, 11, answered=False, state="T")]
     p = detect.observe(p, stuck, now=6.0)
-    assert detect.hang(p, stuck, now=15.0, deadline_s=10.0) is None  # 9 s without progress
-    f = detect.hang(p, stuck, now=16.5, deadline_s=10.0)
+    # Rank 0 issued its 12th, which cannot complete: nothing completed since 5.0.
+    assert detect.hang(p, stuck, now=14.0, deadline_s=10.0) is None  # 9 s without progress
+    f = detect.hang(p, stuck, now=15.5, deadline_s=10.0)
     assert f is not None and f.cause == "hang" and f.rank == 1 and f.detect_s == pytest.approx(10.5)
     # A freeze (or thaw) restarts the clocks: holding collectives on purpose is no hang.
     p = detect.reset(p, now=16.5)
     assert detect.hang(p, stuck, now=20.0, deadline_s=10.0) is None
 
 
-def test_one_rank_moving_is_no_hang_and_the_laggard_is_the_one_with_fewer_collectives() -> None:
+def test_one_rank_issuing_ahead_of_a_stuck_peer_is_no_progress() -> None:
+    """A collective completes only when every member issued it: rank 0 issuing its next one
+    (as a parked rank does when a freeze gives up) while rank 1 stays put is no progress, and
+    rank 1 is the one the others wait for."""
     p = detect.observe(detect.Progress(), [_s(0, 5), _s(1, 5)], now=0.0)
-    p = detect.observe(p, [_s(0, 6), _s(1, 5)], now=20.0)
-    assert detect.hang(p, [_s(0, 6), _s(1, 5)], now=25.0, deadline_s=10.0) is None
+    p = detect.observe(p, [_s(0, 6), _s(1, 5)], now=8.0)
+    assert detect.stalled_for(p, now=8.0) == 8.0
+    assert detect.hang(p, [_s(0, 6), _s(1, 5)], now=9.0, deadline_s=10.0) is None
+    f = detect.hang(p, [_s(0, 6), _s(1, 5)], now=10.5, deadline_s=10.0)
+    assert f is not None and f.rank == 1 and "no collective completed for 10s" in f.detail
     assert detect.behind_rank([_s(0, 6), _s(1, 5)]) == 1
     assert detect.behind_rank([_s(0, 6), _s(1, 6)]) is None
+
+
+def test_the_laggard_catching_up_is_progress() -> None:
+    p = detect.observe(detect.Progress(), [_s(0, 5), _s(1, 5)], now=0.0)
+    p = detect.observe(p, [_s(0, 6), _s(1, 5)], now=5.0)
+    p = detect.observe(p, [_s(0, 6), _s(1, 6)], now=9.0)
+    assert detect.stalled_for(p, now=12.0) == 3.0
+    assert detect.hang(p, [_s(0, 6), _s(1, 6)], now=18.0, deadline_s=10.0) is None
+
+
+def test_completed_is_per_group_over_the_members_that_report_it() -> None:
+    """A group only some ranks belong to (a pipeline stage pair, a sub-group) completes at
+    the fewest its own members issued."""
+    seen = {0: ((("dp", 7), ("pp", 3)), 2, 0.0), 1: ((("dp", 6),), 2, 0.0),
+            2: ((("pp", 4),), 1, 0.0)}  # fmt: skip
+    assert detect.frontier(seen) == ((("dp", 6), ("pp", 3)), 1)
 
 
 def test_last_traceback_is_the_final_block_without_torchs_rank_prefix() -> None:

@@ -38,6 +38,7 @@ from snapshotter.coordinator.policy import (
     to_expire,
     young_daly,
 )
+from snapshotter.coordinator.supervisor import POLICY_QUIESCE_TIMEOUT_S, policy_quiesce_timeout
 
 HOUR = 3600.0
 DAY = 86400.0
@@ -573,3 +574,12 @@ def test_hourly_and_daily_together() -> None:
     p = Policy(keep=1, keep_hourly_days=0.5, keep_daily_days=5.0)
     assert to_expire(snaps, p, now, ()) == ["old-day", "hour-a"]
     assert to_expire(snaps, p, now, {"hour-a"}) == ["old-day"]
+
+
+def test_a_policy_freeze_parks_no_longer_than_the_hang_deadline() -> None:
+    """Under --recover auto a policy freeze gives up on a rank that does not park within the
+    hang deadline, so that hang detection (which a freeze holds off) is not delayed by it."""
+    assert policy_quiesce_timeout(recovers=True, hang_deadline_s=8.0) == 8.0
+    assert policy_quiesce_timeout(recovers=True, hang_deadline_s=600.0) == POLICY_QUIESCE_TIMEOUT_S
+    assert policy_quiesce_timeout(recovers=False, hang_deadline_s=8.0) == POLICY_QUIESCE_TIMEOUT_S
+    assert policy_quiesce_timeout(recovers=True, hang_deadline_s=0.1) == 1.0
