@@ -317,9 +317,10 @@ class FreezeOperation:
             [a for a in self.agents if a.name in out.results],
             lambda a: a.stub.Ping(common_pb2.Empty(), timeout=5).incarnation,
         ).results.items() if inc != self._incarnations[n])  # fmt: skip
-        # Its ranks run on by themselves only when this freeze had not parked them or had
-        # resumed them already; a parked rank waits for an agent that no longer knows why.
-        if self._current is not None and (self._resumed or not self._parking):
+        # A new agent that re-adopted the node's ranks lets go those this freeze parked, and
+        # leaves those it suspended to this freeze's resume (agent/settle.py): every node's
+        # ranks rebuild their communicators together.
+        if self._current is not None:
             # Worth waiting for: a node whose port refuses at once (its kernel is alive and
             # nothing listens: the agent is gone, and a keeper starts it again). One that
             # does not answer at all (stopped, hung, unplugged) is lost now.

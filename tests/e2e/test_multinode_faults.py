@@ -137,9 +137,9 @@ def _thaw_finishes(dep: Deployment, snapshot: str, nodes: str, out: Path) -> Non
 # ------------------------------------------------------------------------- agent killed
 def test_a_crashed_agent_never_costs_the_job(healthy: Deployment, tmp_path: Path) -> None:
     """kill -9 of node 0's agent process while the job trains, then of node 1's during a
-    freeze's upload: each time its keeper starts it again, the new agent re-adopts the ranks
-    (node 0 serves the job's rendezvous on its old port), the job trains on, and a later
-    freeze --stop and thaw run it to the end."""
+    freeze's dump and during one's upload: each time its keeper starts it again, the new
+    agent re-adopts the ranks (node 0 serves the job's rendezvous on its old port), the job
+    trains on, and a later freeze --stop and thaw run it to the end."""
     dep = healthy
     steps = 400
     out = tmp_path / "out.json"
@@ -150,14 +150,18 @@ def test_a_crashed_agent_never_costs_the_job(healthy: Deployment, tmp_path: Path
     assert _status(dep, job)["state"] == "RUNNING"
     _progresses(dep, job)
 
-    op = Op(dep, "freeze", job)
-    op.wait_phase("upload")
-    old = dep.crash_agent("b")
-    code, res = op.result()
-    assert code != 0 and "restarted meanwhile" in res["error"]["cause"], res
-    dep.wait_restarted("b", old)
-    assert _status(dep, job)["state"] == "RUNNING"
-    _progresses(dep, job)
+    # During the dump node b's ranks are suspended, their communicators torn down: the new
+    # agent leaves them to the coordinator, which resumes the whole job (every node must
+    # rebuild together). During the upload they train already.
+    for phase in ("dump", "upload"):
+        op = Op(dep, "freeze", job)
+        op.wait_phase(phase)
+        old = dep.crash_agent("b")
+        code, res = op.result()
+        assert code != 0 and "restarted meanwhile" in res["error"]["cause"], (phase, res)
+        dep.wait_restarted("b", old)
+        assert _status(dep, job)["state"] == "RUNNING", phase
+        _progresses(dep, job)
     assert not _snapshots(dep, job)  # the failed freeze left no snapshot behind
 
     sid = dep.cli.json("freeze", job, "--stop")["snapshot_id"]

@@ -313,8 +313,17 @@ class Op:
         )  # fmt: skip
         self.events: list[dict[str, Any]] = []
         self.stderr: list[str] = []
+        self._stdout: list[str] = []
         self._cv = threading.Condition()
-        threading.Thread(target=self._read, daemon=True).start()
+        # Each pipe has one reader: a `communicate` beside this thread closed stderr under it.
+        self._readers = [threading.Thread(target=self._read, daemon=True),
+                         threading.Thread(target=self._read_out, daemon=True)]  # fmt: skip
+        for t in self._readers:
+            t.start()
+
+    def _read_out(self) -> None:
+        assert self.proc.stdout is not None
+        self._stdout.extend(self.proc.stdout)
 
     def _read(self) -> None:
         assert self.proc.stderr is not None
@@ -339,8 +348,10 @@ class Op:
 
     def result(self, timeout: float = 240) -> tuple[int, dict[str, Any]]:
         """Exit code and the last JSON line of stdout (the result or the error)."""
-        out, _ = self.proc.communicate(timeout=timeout)
-        lines = out.strip().splitlines()
+        self.proc.wait(timeout=timeout)
+        for t in self._readers:
+            t.join(timeout=30)
+        lines = "".join(self._stdout).strip().splitlines()
         return self.proc.returncode, json.loads(lines[-1]) if lines else {}
 
 
