@@ -18,6 +18,7 @@ import argparse
 import hashlib
 import json
 import os
+import shutil
 import time
 
 import torch
@@ -55,6 +56,63 @@ def param_digest(model: nn.Module) -> str:
     return h.hexdigest()
 
 
+class DcpCheckpoints:
+    """torch.distributed.checkpoint.async_save every K steps, one directory per save; the
+    `latest` file names the newest complete one (written once its save finished, so a
+    save cut short by a failure is never resumed from). The step waits only for the
+    previous save to finish, as torch asks, and for the copy into host memory."""
+
+    def __init__(self, root: str, model: nn.Module, opt: torch.optim.Optimizer) -> None:
+        self.root, self.model, self.opt = root, model, opt
+        self.pending = None  # (future, step, epoch, directory)
+        # The save's own group: its collectives run in a background thread, and two threads
+        # interleaving collectives on one gloo group deadlock (DDP's on the training thread).
+        self.group = dist.new_group(backend="gloo")
+        os.makedirs(root, exist_ok=True)
+
+    def save(self, step: int, epoch: int) -> None:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict
+
+        self.finish()
+        model_sd, optim_sd = get_state_dict(self.model, self.opt)
+        path = os.path.join(self.root, f"step-{step}")
+        fut = dcp.async_save({"model": model_sd, "optim": optim_sd}, checkpoint_id=path,
+                             process_group=self.group)  # fmt: skip
+        self.pending = (fut, step, epoch, path)
+
+    def finish(self) -> None:
+        if self.pending is None:
+            return
+        fut, step, epoch, path = self.pending
+        self.pending = None
+        fut.result()
+        if dist.get_rank() == 0:
+            tmp = os.path.join(self.root, "latest.tmp")
+            with open(tmp, "w") as f:
+                json.dump({"path": path, "step": step, "epoch": epoch}, f)
+            os.replace(tmp, os.path.join(self.root, "latest"))
+            for old in os.listdir(self.root):  # what `latest` no longer names
+                if old.startswith("step-") and os.path.join(self.root, old) != path:
+                    shutil.rmtree(os.path.join(self.root, old), ignore_errors=True)
+
+    def load(self) -> tuple[int, int]:
+        import torch.distributed.checkpoint as dcp
+        from torch.distributed.checkpoint.state_dict import get_state_dict, set_state_dict
+
+        latest = os.path.join(self.root, "latest")
+        if not os.path.exists(latest):
+            return 0, 0
+        with open(latest) as f:
+            at = json.load(f)
+        model_sd, optim_sd = get_state_dict(self.model, self.opt)
+        state = {"model": model_sd, "optim": optim_sd}
+        dcp.load(state, checkpoint_id=at["path"], process_group=self.group)
+        set_state_dict(self.model, self.opt, model_state_dict=state["model"],
+                       optim_state_dict=state["optim"])  # fmt: skip
+        return int(at["step"]), int(at["epoch"])
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=300)
@@ -68,6 +126,9 @@ def main() -> None:
     ap.add_argument("--ckpt", default="")
     ap.add_argument("--ckpt-every", type=int, default=0)
     ap.add_argument("--resume", action="store_true")
+    ap.add_argument("--ckpt-kind", choices=("save", "dcp-async"), default="save",
+                    help="torch.save by rank 0, or torch.distributed.checkpoint.async_save "
+                         "by every rank into --ckpt as a directory")  # fmt: skip
     ap.add_argument("--startup-s", type=float, default=0.0)
     ap.add_argument("--stamp", action="store_true")
     ap.add_argument("--crash-at", type=int, default=-1)
@@ -98,12 +159,16 @@ def main() -> None:
     loss_fn = nn.CrossEntropyLoss()
 
     step, epoch = 0, 0
+    dcp_ckpt = DcpCheckpoints(a.ckpt, model, opt) if a.ckpt and a.ckpt_kind == "dcp-async" else None
     if a.resume and a.ckpt and os.path.exists(a.ckpt):
         t0 = time.monotonic()
-        st = torch.load(a.ckpt, weights_only=False)
-        model.load_state_dict(st["model"])
-        opt.load_state_dict(st["opt"])
-        step, epoch = st["step"], st["epoch"]
+        if dcp_ckpt is not None:
+            step, epoch = dcp_ckpt.load()
+        else:
+            st = torch.load(a.ckpt, weights_only=False)
+            model.load_state_dict(st["model"])
+            opt.load_state_dict(st["opt"])
+            step, epoch = st["step"], st["epoch"]
         print(
             f"rank {rank} resumed from {a.ckpt} at step {step} in {time.monotonic() - t0:.3f}s",
             flush=True,
@@ -132,7 +197,9 @@ def main() -> None:
             print(f"rank {rank} step {step} loss {loss.item():.6f}{stamp}", flush=True)
             if a.step_sleep:
                 time.sleep(a.step_sleep)
-            if a.ckpt and a.ckpt_every and step % a.ckpt_every == 0 and rank == 0:
+            if dcp_ckpt is not None and a.ckpt_every and step % a.ckpt_every == 0:
+                dcp_ckpt.save(step, epoch)
+            elif a.ckpt and a.ckpt_every and step % a.ckpt_every == 0 and rank == 0:
                 tmp = a.ckpt + ".tmp"
                 torch.save(
                     {
@@ -146,6 +213,8 @@ def main() -> None:
                 os.replace(tmp, a.ckpt)
         epoch += 1
 
+    if dcp_ckpt is not None:
+        dcp_ckpt.finish()
     digest = param_digest(model)
     print(f"rank {rank} done steps {step} digest {digest}", flush=True)
     if rank == 0 and a.out:
