@@ -182,9 +182,9 @@ def run_b(
                 proc = subprocess.Popen(torchrun_cmd(args, out, extra, 0),
                                         stdout=f, stderr=subprocess.STDOUT, cwd=ROOT)  # fmt: skip
             if pending and time.monotonic() - t0 >= pending[0][0]:
-                _, kind = pending.pop(0)
+                _, what = pending.pop(0)
                 workers = children(proc.pid)
-                if kind == "rank" and workers:
+                if what == "rank" and workers:
                     kill(workers[-1:])
                 else:
                     kill([proc.pid, *workers])

@@ -6,7 +6,8 @@ last loss) to --out, which is how runs are compared bit for bit.
 
 Options for benchmarks and tests: --step-sleep slows every step (a stand-in for a bigger model),
 --pause-at/--pause-s makes a long phase without collectives, --ckpt/--ckpt-every/--resume are
-the application checkpoint a cold restart would use, --crash-at N makes --crash-rank fail with
+the application checkpoint a cold restart would use (--ckpt-kind: torch.save by rank 0, or
+torch.distributed.checkpoint.async_save by every rank), --crash-at N makes --crash-rank fail with
 a Python exception at step N (a bug that comes back after every restore), --startup-s stands
 for a real job's start-up (imports, data preparation, model build), --stamp adds the wall time
 to every step line.
