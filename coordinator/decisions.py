@@ -155,9 +155,8 @@ def supervised_phase(
         return phase
     if recovering:
         return JobPhase.RECOVERING
-    if phase in (JobPhase.FAILED, JobPhase.CANCELLED) and recovers and not gave_up:
-        if not cancelled:
-            return JobPhase.RECOVERING  # the supervisor will thaw it: not over yet
+    if phase in (JobPhase.FAILED, JobPhase.CANCELLED) and recovers and not (gave_up or cancelled):
+        return JobPhase.RECOVERING  # the supervisor will thaw it: not over yet
     if gave_up and phase is JobPhase.CANCELLED and not cancelled:
         return JobPhase.FAILED  # we ended what was left of it: it failed
     return phase

@@ -96,8 +96,8 @@ class RankSample:
 class Progress:
     """What the supervisor remembers of a job's progress between samples."""
 
-    # rank -> (its counts and steps as last seen, monotonic time they last changed)
-    seen: Mapping[int, tuple[tuple[tuple[str, int], ...], int, float]] = field(default_factory=dict)
+    # rank -> its collective counts and optimizer steps as last seen
+    seen: Mapping[int, tuple[tuple[tuple[str, int], ...], int]] = field(default_factory=dict)
     steps: int | None = None  # the most any rank reported: the job's optimizer steps
     # Some rank ever answered a progress query: ranks whose hook predates the query (thawed
     # from an old snapshot) never do, and silence alone is no hang.
@@ -108,30 +108,27 @@ class Progress:
 
 
 def frontier(
-    seen: Mapping[int, tuple[tuple[tuple[str, int], ...], int, float]],
+    seen: Mapping[int, tuple[tuple[tuple[str, int], ...], int]],
 ) -> tuple[tuple[tuple[str, int], ...], int]:
     """Per group, the fewest collectives any of its members issued (what completed), and the
     fewest optimizer steps any rank took."""
     low: dict[str, int] = {}
-    for key, _, _ in seen.values():
+    for key, _ in seen.values():
         for g, n in key:
             low[g] = min(low.get(g, n), n)
-    steps = min((st for _, st, _ in seen.values()), default=0)
+    steps = min((st for _, st in seen.values()), default=0)
     return tuple(sorted(low.items())), steps
 
 
 def observe(p: Progress, samples: Sequence[RankSample], now: float) -> Progress:
-    """The progress after one sample. A rank that did not answer keeps its last change time
-    (it did not move); a new rank starts its clock now."""
+    """The progress after one sample. A rank that did not answer keeps what it last said
+    (it did not move); the job moved when what it completed did."""
     seen = dict(p.seen)
     for s in samples:
-        if not s.answered:
-            seen.setdefault(s.rank, ((), 0, now))
-            continue
-        key = tuple(sorted(s.counts.items()))
-        old = seen.get(s.rank)
-        if old is None or old[0] != key or old[1] != s.steps:
-            seen[s.rank] = (key, s.steps, now)
+        if s.answered:
+            seen[s.rank] = (tuple(sorted(s.counts.items())), s.steps)
+        else:
+            seen.setdefault(s.rank, ((), 0))
     answered = [s.steps for s in samples if s.answered]
     steps = max(answered) if answered else p.steps
     done = frontier(seen)
@@ -141,10 +138,9 @@ def observe(p: Progress, samples: Sequence[RankSample], now: float) -> Progress:
 
 
 def reset(p: Progress, now: float) -> Progress:
-    """Every rank's clock starts again (the job was frozen, thawed or restarted: a freeze
-    holds collectives on purpose)."""
-    return Progress(seen={r: (k, st, now) for r, (k, st, _) in p.seen.items()}, steps=p.steps,
-                    answering=p.answering, completed=p.completed,
+    """The job's clock starts again (it was frozen, thawed or restarted: a freeze holds
+    collectives on purpose)."""
+    return Progress(seen=p.seen, steps=p.steps, answering=p.answering, completed=p.completed,
                     moved=now if p.seen else p.moved)  # fmt: skip
 
 
@@ -180,7 +176,7 @@ def hang(
 def _collectives_began(p: Progress) -> bool:
     """Some rank issued a collective. Before that the job starts up (imports, data, model:
     minutes for a large job, seconds more on a busy node), which is no hang."""
-    return any(n > 0 for key, _, _ in p.seen.values() for _, n in key)
+    return any(n > 0 for key, _ in p.seen.values() for _, n in key)
 
 
 def behind_rank(samples: Sequence[RankSample]) -> int | None:

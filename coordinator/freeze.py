@@ -101,7 +101,6 @@ class FreezeOperation:
         self._incarnations = {a.name: a.incarnation for a in self.agents}
         self._prepared: list[AgentHandle] = []
         self._rejoined: list[str] = []
-        self._parking = False
         self._suspended = False
         self._resumed = False
         self._uploaded = False
@@ -176,7 +175,6 @@ class FreezeOperation:
 
         yield _phase("quiesce", targets=targets)
         t_park = time.monotonic()
-        self._parking = True
         park = agent_pb2.ParkRequest(
             job_id=self.spec.job_id, freeze_id=self.freeze_id, targets=targets,
             timeout_s=s.quiesce_timeout,

@@ -53,6 +53,10 @@ def policy_quiesce_timeout(recovers: bool, hang_deadline_s: float) -> float:
     return max(1.0, min(POLICY_QUIESCE_TIMEOUT_S, hang_deadline_s))
 
 
+def hang_deadline(rec: JobRecord) -> float:
+    return rec.spec.recovery.hang_deadline_s or DEFAULT_HANG_DEADLINE_S
+
+
 def policy_of(rec: JobRecord) -> policies.Policy:
     return policies.Policy.from_dict(convert.plain(rec.spec.policy))
 
@@ -142,7 +146,7 @@ class Supervisor:
                                measured=bool(life.stalls)).due:  # fmt: skip
             return
         stalled = detect.stalled_for(life.progress, now)
-        deadline = rec.spec.recovery.hang_deadline_s or DEFAULT_HANG_DEADLINE_S
+        deadline = hang_deadline(rec)
         if rec.recovers and stalled is not None and stalled >= min(deadline / 2, 60.0):
             # It may be hanging: a freeze would wait on it and hide the hang; let detection
             # decide first.
@@ -166,8 +170,7 @@ class Supervisor:
         rec.life.progress = detect.observe(rec.life.progress, samples, now)
         if not rec.recovers:
             return None
-        deadline = rec.spec.recovery.hang_deadline_s or DEFAULT_HANG_DEADLINE_S
-        return detect.hang(rec.life.progress, samples, now, deadline)
+        return detect.hang(rec.life.progress, samples, now, hang_deadline(rec))
 
     def _interval(self, rec: JobRecord, pol: policies.Policy) -> float | None:
         if not pol.auto:
@@ -194,9 +197,8 @@ class Supervisor:
         t0 = time.monotonic()
         try:
             done = None
-            deadline = rec.spec.recovery.hang_deadline_s or DEFAULT_HANG_DEADLINE_S
-            req = pb.FreezeRequest(job_id=rec.spec.job_id, quiesce_timeout_s=policy_quiesce_timeout(
-                rec.recovers, deadline))  # fmt: skip
+            park_s = policy_quiesce_timeout(rec.recovers, hang_deadline(rec))
+            req = pb.FreezeRequest(job_id=rec.spec.job_id, quiesce_timeout_s=park_s)
             for ev in self.c.freeze(req, prepare_timeout=POLICY_PREPARE_TIMEOUT_S):
                 if ev.HasField("done"):
                     done = ev.done

@@ -74,8 +74,7 @@ def test_the_laggard_catching_up_is_progress() -> None:
 def test_completed_is_per_group_over_the_members_that_report_it() -> None:
     """A group only some ranks belong to (a pipeline stage pair, a sub-group) completes at
     the fewest its own members issued."""
-    seen = {0: ((("dp", 7), ("pp", 3)), 2, 0.0), 1: ((("dp", 6),), 2, 0.0),
-            2: ((("pp", 4),), 1, 0.0)}  # fmt: skip
+    seen = {0: ((("dp", 7), ("pp", 3)), 2), 1: ((("dp", 6),), 2), 2: ((("pp", 4),), 1)}
     assert detect.frontier(seen) == ((("dp", 6), ("pp", 3)), 1)
 
 
