@@ -197,9 +197,12 @@ class Supervisor:
         t0 = time.monotonic()
         try:
             done = None
+            resumed_at: float | None = None
             park_s = policy_quiesce_timeout(rec.recovers, hang_deadline(rec))
             req = pb.FreezeRequest(job_id=rec.spec.job_id, quiesce_timeout_s=park_s)
             for ev in self.c.freeze(req, prepare_timeout=POLICY_PREPARE_TIMEOUT_S):
+                if ev.HasField("phase") and ev.phase.phase == "resumed":
+                    resumed_at = self.clock()
                 if ev.HasField("done"):
                     done = ev.done
         except errors.SnapshotterError as e:
@@ -208,7 +211,11 @@ class Supervisor:
             )
             life.add("snapshot_failed", detail=str(e))
             return
-        life.policy_state = policies.finished(life.policy_state, self.clock(), steps, ok=True)
+        # The interval counts from when the job trained again, not from the end of the upload:
+        # Young–Daly's interval is the work between snapshots, and the upload costs none.
+        life.policy_state = policies.finished(
+            life.policy_state, self.clock(), steps, ok=True, resumed_at=resumed_at
+        )
         assert done is not None
         stall = done.stats.stall_s if done.stats.HasField("stall_s") else 0.0
         life.add("snapshot", snapshot_id=done.snapshot_id, took_s=time.monotonic() - t0,
@@ -269,6 +276,7 @@ def set_policy(c: Coordinator, req: pb.SetPolicyRequest) -> pb.PolicyInfo:
     note = f" (not kept on node(s) {', '.join(missed)}: they did not answer)" if missed else ""
     rec.life.add("policy", detail=new.describe() + note)
     return show_policy(c, req.job_id)
+
 
 def show_policy(c: Coordinator, job_id: str) -> pb.PolicyInfo:
     """`policy show`: the policy, the inputs of its interval, and why it is due or not."""
