@@ -525,20 +525,15 @@ def started(s: PolicyState, now: float, steps: int | None) -> PolicyState:
 
 
 def finished(
-    s: PolicyState, now: float, steps_at_start: int | None, ok: bool, error: str = "",
-    resumed_at: float | None = None,
-) -> PolicyState:  # fmt: skip
+    s: PolicyState, now: float, steps_at_start: int | None, ok: bool, error: str = ""
+) -> PolicyState:
     """A policy freeze ended (or was refused, with ok=False). Success counts the interval from
-    `resumed_at`, when the job trained again (its upload, which costs the job nothing, is not
-    part of Young–Daly's interval; counting from the upload's end stretched every period by the
-    upload), or from now when the job did not resume or the time is unknown or later than now;
-    the steps count from the freeze's start. Failure keeps both anchors, so the snapshot stays
+    now and the steps from the freeze's start. Failure keeps both anchors, so the snapshot stays
     due and only the backoff spaces the retries."""
     if ok:
-        anchor = now if resumed_at is None or not resumed_at <= now else resumed_at
         return replace(
             s,
-            anchor=anchor,
+            anchor=now,
             anchor_steps=steps_at_start if steps_at_start is not None else s.anchor_steps,
             running_since=None,
             failures=0,

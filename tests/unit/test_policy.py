@@ -403,19 +403,6 @@ def test_steps_anchor_at_the_snapshot_start_and_time_at_its_end() -> None:
     assert (s.anchor, s.anchor_steps, s.running_since, s.failures) == (130.0, 400, None, 0)
 
 
-def test_time_counts_from_the_resume_not_the_upload_end() -> None:
-    s = started(PolicyState(anchor=0.0, anchor_steps=0), now=100.0, steps=400)
-    # The job resumed 1.5 s into the freeze; the upload ran until 108.
-    done = finished(s, now=108.0, steps_at_start=400, ok=True, resumed_at=101.5)
-    assert (done.anchor, done.running_since) == (101.5, None)
-    p = Policy(every_s=20.0)
-    assert not decide(p, done, 121.0, None, 20.0).due
-    assert decide(p, done, 121.5, None, 20.0).due
-    # No resume time (a --stop freeze), or one the clock disowns (later than now, NaN): now.
-    for bad in (None, 200.0, float("nan")):
-        assert finished(s, now=108.0, steps_at_start=400, ok=True, resumed_at=bad).anchor == 108.0
-
-
 def test_step_policy_in_the_simulated_thread() -> None:
     sim = Sim(Policy(every_steps=100), None, freeze_s=5.0, steps=0, steps_per_s=10)
     sim.run_for(60)
