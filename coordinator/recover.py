@@ -61,7 +61,9 @@ def recover(c: Coordinator, rec: JobRecord, failure: detect.Failure) -> None:
         give_up(c, rec, f"{failure.detail}; it failed {max_tries} time(s) within "
                         f"{window:.0f}s of a recovery, so it is not recovered again")  # fmt: skip
         return
+    t_stop = time.monotonic()
     stop_rest(c, rec)
+    stop_s = time.monotonic() - t_stop
     snap = snapshots.newest(c.store, job_id)
     life.recoveries.append(time.time())  # an attempt counts, also one that fails
     try:
@@ -69,11 +71,13 @@ def recover(c: Coordinator, rec: JobRecord, failure: detect.Failure) -> None:
         failed = sorted({*([failure.node] if failure.node else []), *c.unreachable(rec)})
         nodes = recovery_nodes(rec.nodes, failed, c.live_agents(), list(r.spares), c.draining)
         local: list[str] = []
+        stats: pb.ThawStats | None = None
         if snap:
             for ev in c.thaw(pb.ThawRequest(snapshot_id=snap, job_id=job_id, nodes=nodes),
                              recovering=True):  # fmt: skip
                 if ev.HasField("done"):
-                    local = [n.node for n in ev.done.stats.nodes if n.local_copy]
+                    stats = ev.done.stats
+                    local = [n.node for n in stats.nodes if n.local_copy]
         else:
             # Nothing to thaw yet: start it over, as torchrun --max-restarts would.
             c.run(relaunch_request(rec, nodes), recovering=True)
@@ -93,9 +97,24 @@ def recover(c: Coordinator, rec: JobRecord, failure: detect.Failure) -> None:
     how += f" on {', '.join(nodes)}"
     if local:
         how += f" (from the verified local copy on {', '.join(local)}: nothing fetched)"
+    how += "; " + phase_times(stop_s, stats)
     life.add("recovered", cause=failure.cause, snapshot_id=snap, steps_lost=lost,
              took_s=now - t0, nodes=nodes, detail=how)  # fmt: skip
     log.info("job %s recovered from %s on %s in %.1fs", job_id, snap, nodes, now - t0)
+
+
+def phase_times(stop_s: float, stats: pb.ThawStats | None) -> str:
+    """Where a recovery's time went, for its event: ending what was left of the job, then the
+    thaw and its phases (the slowest node's; fetch includes checking a local copy; the rest of
+    the thaw is waiting for node 0's rendezvous server). `stats` is None for a relaunch from
+    the start."""
+    out = f"stop {stop_s:.1f}s"
+    if stats is not None:
+        restore = max((n.restore_s for n in stats.nodes), default=0.0)
+        resume = max((n.resume_s for n in stats.nodes), default=0.0)
+        out += (f", thaw {stats.total_s:.1f}s (fetch {stats.fetch_s:.1f}s, restore "
+                f"{restore:.1f}s, resume {resume:.1f}s)")  # fmt: skip
+    return out
 
 
 def relaunch_request(rec: JobRecord, nodes: list[str]) -> pb.RunRequest:

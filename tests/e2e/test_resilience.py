@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -122,9 +123,13 @@ def test_policy_snapshots_retention_and_recovery_of_a_killed_rank(
     assert recovered[0]["snapshot_id"] in taken and recovered[0]["took_s"] > 0
     # The same node: thawed from the copy it kept of that snapshot, nothing fetched.
     assert "verified local copy on" in recovered[0]["detail"], recovered[0]
+    # Where the recovery's time went, phase by phase.
+    phases = re.search(r"stop \d+\.\ds, thaw \d+\.\ds \(fetch \d+\.\ds, restore \d+\.\ds, "
+                       r"resume \d+\.\ds\)", recovered[0]["detail"])  # fmt: skip
+    assert phases, recovered[0]
     assert final["recoveries"] == 1
     print(f"\n[resilience] kill -9 detected after {failure['time'] - killed_at:.2f}s, "
-          f"recovered in {recovered[0]['took_s']:.2f}s, steps lost "
+          f"recovered in {recovered[0]['took_s']:.2f}s ({phases.group(0)}), steps lost "
           f"{recovered[0].get('steps_lost')}")  # fmt: skip
 
 

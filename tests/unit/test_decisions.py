@@ -96,3 +96,17 @@ def test_exit_code_is_first_failing_rank() -> None:
     assert exit_code(JobPhase.SUCCEEDED, [0, 0]) == 0
     assert exit_code(JobPhase.FROZEN, [None, -9]) == 0
     assert exit_code(JobPhase.CANCELLED, [None]) == 1
+
+
+def test_a_recovery_event_says_where_its_time_went() -> None:
+    from snapshotter.coordinator.recover import phase_times
+    from snapshotter.v1 import coordinator_pb2 as cpb
+
+    stats = cpb.ThawStats(fetch_s=0.84, restore_s=2.5, total_s=3.62, nodes=[
+        cpb.NodeThawStats(node="a", restore_s=1.2, resume_s=0.31),
+        cpb.NodeThawStats(node="b", restore_s=1.6, resume_s=0.2),
+    ])  # fmt: skip
+    assert phase_times(0.26, stats) == (
+        "stop 0.3s, thaw 3.6s (fetch 0.8s, restore 1.6s, resume 0.3s)"
+    )
+    assert phase_times(0.26, None) == "stop 0.3s"  # relaunched from the start: no thaw
