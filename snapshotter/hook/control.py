@@ -203,12 +203,7 @@ class Hook:
         self._check_enabled()
         self.barrier.suspend(freeze)
         # From here on the rank is suspended whatever happens; recovery is a resume.
-        self._teardown(collect=False)
-        # Teardown shuts every backend down itself. A full collection costs a big training
-        # process 150-200 ms, every freeze, while all ranks stand still: it runs only when a
-        # socket is still open, in case garbage in a reference cycle is what holds it.
-        if self._sockets_left():
-            gc.collect()
+        self._teardown()
         left = self._wait_sockets_closed()
         if left:
             desc = ", ".join(f"fd {s.fd} {s.local}->{s.remote} {s.state}" for s in left)
@@ -239,25 +234,27 @@ class Hook:
 
     # ---- teardown / rebuild --------------------------------------------------------------
 
-    def _teardown(self, collect: bool = True) -> None:
+    def _teardown(self) -> None:
         if self.groups is not None:
             self.groups.teardown_all()
         if self.rdzv is not None:
             self.rdzv.disconnect_all()
-        if collect:
-            gc.collect()
-
-    def _sockets_left(self) -> list[Any]:
-        """TCP sockets now open that are not the job's own Python connections."""
-        foreign = self.foreign.fds()
-        return [s for s in tcp_sockets() if s.fd not in foreign]
 
     def _wait_sockets_closed(self) -> list[Any]:
         """TCP sockets left after teardown that are not the job's own Python connections
         (those a snapshot keeps: a restore brings them back closed)."""
         deadline = time.monotonic() + SOCKET_CLOSE_WAIT_S
+        collected = False
         while True:
-            left = self._sockets_left()
+            foreign = self.foreign.fds()
+            left = [s for s in tcp_sockets() if s.fd not in foreign]
+            if left and not collected:
+                # Teardown shuts every backend down itself. A full collection costs a big
+                # training process 150-200 ms while every rank stands still: it runs only when
+                # a socket is still open, in case garbage in a reference cycle holds it.
+                gc.collect()
+                collected = True
+                continue
             if not left or time.monotonic() > deadline:
                 self.owned.forget_closed()
                 return left
