@@ -95,6 +95,7 @@ class JobPhase(enum.Enum):
     """A job as the coordinator reports it.
 
     (run) -> RUNNING <-> FREEZING          freeze-and-continue returns to RUNNING
+             RUNNING <-> MIGRATING         one node's ranks move; the others stay in memory
              RUNNING  -> FREEZING -> FROZEN  freeze --stop: ranks end after the commit
              RUNNING  -> SUCCEEDED | FAILED | CANCELLED
     (thaw) -> THAWING -> RUNNING | FAILED
@@ -107,6 +108,7 @@ class JobPhase(enum.Enum):
     THAWING = "THAWING"
     RUNNING = "RUNNING"
     FREEZING = "FREEZING"
+    MIGRATING = "MIGRATING"
     FROZEN = "FROZEN"
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"

@@ -26,7 +26,7 @@ if TYPE_CHECKING:
 pb = coordinator_pb2
 
 
-DRAINED = (JobPhase.RUNNING, JobPhase.FREEZING, JobPhase.THAWING)
+DRAINED = (JobPhase.RUNNING, JobPhase.FREEZING, JobPhase.MIGRATING, JobPhase.THAWING)
 
 
 def _await_idle(c: Coordinator, job_id: str, deadline: float) -> None:

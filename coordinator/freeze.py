@@ -104,6 +104,9 @@ class FreezeOperation:
         self._suspended = False
         self._resumed = False
         self._uploaded = False
+        self._t_park = 0.0
+        self._quiesce_s = 0.0
+        self._targets: dict[str, int] = {}
 
     def _ref(self) -> agent_pb2.FreezeRef:
         return agent_pb2.FreezeRef(job_id=self.spec.job_id, freeze_id=self.freeze_id)
@@ -156,12 +159,11 @@ class FreezeOperation:
             threading.Thread(target=renew, args=(a.name,), daemon=True,
                              name=f"keep-{a.name}").start()  # fmt: skip
 
-    def _run(self) -> Iterator[coordinator_pb2.FreezeEvent]:
+    def _quiesce(self) -> Iterator[coordinator_pb2.FreezeEvent]:
+        """Prepare, park and suspend every rank (what a freeze and a migration share); sets
+        when parking began, how long it took and the targets."""
         s = self.settings
-        t_start = time.monotonic()
         yield _phase("prepare", snapshot_id=self.snapshot_id)
-        # Refuse before touching the ranks when the snapshot could not be stored anyway.
-        next(iter(self.store.list_keys("snapshots/")), None)
         req = agent_pb2.PrepareRequest(
             job_id=self.spec.job_id, freeze_id=self.freeze_id, timeout_s=s.prepare_timeout
         )
@@ -191,7 +193,7 @@ class FreezeOperation:
                 "the job was left running as before; retry when the job is in its training "
                 "loop, or raise --quiesce-timeout",
             )
-        quiesce_s = time.monotonic() - t_park
+        self._t_park, self._quiesce_s, self._targets = t_park, time.monotonic() - t_park, targets
 
         yield _phase("suspend")
         self._suspended = True
@@ -199,6 +201,13 @@ class FreezeOperation:
         on_all(
             self.agents, lambda a: a.stub.Suspend(sus, timeout=s.suspend_timeout + 10)
         ).raise_first()
+
+    def _run(self) -> Iterator[coordinator_pb2.FreezeEvent]:
+        t_start = time.monotonic()
+        # Refuse before touching the ranks when the snapshot could not be stored anyway.
+        next(iter(self.store.list_keys("snapshots/")), None)
+        yield from self._quiesce()
+        t_park, quiesce_s, targets = self._t_park, self._quiesce_s, self._targets
 
         yield _phase("dump")
         t_dump = time.monotonic()

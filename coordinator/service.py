@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from snapshotter import errors
-from snapshotter.coordinator import drain, snapshots, supervisor
+from snapshotter.coordinator import drain, migrate, snapshots, supervisor
 from snapshotter.coordinator.core import Coordinator
 from snapshotter.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
@@ -82,6 +82,9 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
 
     def Thaw(self, req: pb.ThawRequest, ctx: Any) -> Iterator[pb.ThawEvent]:
         return self.c.thaw(req)
+
+    def Migrate(self, req: pb.MigrateRequest, ctx: Any) -> Iterator[pb.MigrateEvent]:
+        return migrate.migrate(self.c, req)
 
     def ListSnapshots(self, req: pb.ListSnapshotsRequest, ctx: Any) -> pb.SnapshotList:
         return snapshots.list_snapshots(self.c.store, req.job_id)

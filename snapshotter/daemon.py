@@ -276,6 +276,7 @@ def serve_agent(cfg: AgentConfig) -> int:
         freeze_lease_s=cfg.freeze_lease_s,
         policy=cfg.policy,
         retention=Retention(finished_jobs=keep_jobs()),
+        peer_tls=cfg.listen.tls,
     )
     agent = NodeAgent(settings, open_store(cfg.store_url))
     fence = Fence(on_newer=agent.freezes.expire_all)

@@ -112,6 +112,13 @@ class ThawFailed(SnapshotterError):
     code = "thaw_failed"
 
 
+class MigrationFailed(SnapshotterError):
+    """A migration did not complete; its message says where the ranks run now."""
+
+    exit_code = 16
+    code = "migration_failed"
+
+
 class SnapshotCorrupt(ThawFailed):
     code = "snapshot_corrupt"
 

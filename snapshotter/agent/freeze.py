@@ -20,6 +20,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from snapshotter import errors
+from snapshotter.agent import handoff
 from snapshotter.agent.local_copy import LocalCopies
 from snapshotter.agent.progress import HOLD_S as PROGRESS_HOLD_S
 from snapshotter.agent.progress import rank_state
@@ -90,6 +91,8 @@ class Freeze:
     touched: float = field(default_factory=time.monotonic)
     in_flight: int = 0
     expired: bool = False  # its coordinator was replaced by a newer one
+    # Set when a migration offers the dumped images to its target (agent/handoff.py).
+    ticket: str = ""
 
 
 class Freezes:
@@ -267,6 +270,26 @@ class Freezes:
             self.resume_ranks(job, job.rdzv_address, freeze_id, timeout)
             if fr is not None:
                 fr.phase = P.RESUMED
+
+    def offer(self, job_id: str, freeze_id: str, ticket: str) -> None:
+        """Let the migration's target read this dumped freeze's images with `ticket`."""
+        self.jobs.get(job_id)
+        with self._driving(freeze_id, {P.DUMPED}) as fr:
+            fr.ticket = ticket
+
+    def images(
+        self, job_id: str, freeze_id: str, ticket: str, stream: str
+    ) -> Iterator[agent_pb2.ImagePiece]:
+        """One rank's dumped images, for the target of a migration."""
+        with self._driving(freeze_id, {P.DUMPED}) as fr:
+            handoff.check_ticket(fr.ticket, ticket, self.node)
+            if fr.job_id != job_id or stream not in {r.stream for r in fr.records.values()}:
+                raise errors.InvalidArgument(
+                    f"freeze {freeze_id} of job {job_id} on node {self.node} dumped no rank "
+                    f"images {stream!r}",
+                    "ask for the streams the coordinator named",
+                )
+            yield from handoff.pieces(fr.work / stream)
 
     def upload(
         self, job_id: str, freeze_id: str, snapshot_id: str

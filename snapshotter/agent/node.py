@@ -46,6 +46,7 @@ from snapshotter.gpu import auto_health, auto_stage
 from snapshotter.gpu.health import GpuFault, GpuHealth, fault_proto
 from snapshotter.gpu.stage import GpuStage
 from snapshotter.procutil import resources
+from snapshotter.rpc.tls import TlsFiles
 from snapshotter.sandbox import children
 from snapshotter.sandbox.spawn import become_subreaper
 from snapshotter.storage.api import ObjectStore
@@ -85,6 +86,9 @@ class NodeSettings:
     # Disk the newest snapshot of each job may keep here for thaws without a fetch
     # (agent/local_copy.py); None: SNAPSHOTTER_LOCAL_COPY_BYTES or a quarter of the disk.
     local_copy_bytes: int | None = None
+    # This node's certificate, to read a migrating rank's images from another node's agent
+    # (None: plaintext, agents on loopback in tests).
+    peer_tls: TlsFiles | None = None
 
 
 class NodeAgent:
@@ -123,7 +127,7 @@ class NodeAgent:
         )  # fmt: skip
         self.thaws = Thaws(
             name, self.paths, store, self.jobs, self.sandboxes, self.rdzv, self.freezes,
-            self._gpu, settings.netns, settings.dump_parallelism, self.copies,
+            self._gpu, settings.netns, settings.dump_parallelism, self.copies, settings.peer_tls,
         )  # fmt: skip
         self.readopted = self.sandboxes.readopt(self.jobs, settings.host) if held else []
         for job_id in self.readopted:

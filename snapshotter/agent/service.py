@@ -112,6 +112,21 @@ class AgentService(agent_pb2_grpc.AgentServicer):
             _timeout(req.timeout_s, 120), _rdzv(req), req.epoch, req.put_back_files,
         )  # fmt: skip
 
+    def OfferImages(self, req: agent_pb2.OfferRequest, ctx: Any) -> common_pb2.Empty:
+        self.agent.freezes.offer(req.job_id, req.freeze_id, req.ticket)
+        return common_pb2.Empty()
+
+    def ReadImages(
+        self, req: agent_pb2.ImagesRequest, ctx: Any
+    ) -> Iterator[agent_pb2.ImagePiece]:
+        return self.agent.freezes.images(req.job_id, req.freeze_id, req.ticket, req.stream)
+
+    def Receive(self, req: agent_pb2.ReceiveRequest, ctx: Any) -> Iterator[agent_pb2.FetchEvent]:
+        return self.agent.thaws.receive(
+            req.source, req.source_name, req.job_id, req.freeze_id, req.ticket,
+            list(req.streams),
+        )  # fmt: skip
+
     def Status(self, req: common_pb2.JobRef, ctx: Any) -> agent_pb2.NodeJob:
         return self.agent.status(req.job_id)
 

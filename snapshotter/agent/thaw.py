@@ -17,7 +17,7 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 from snapshotter import errors, parallel
-from snapshotter.agent import retention
+from snapshotter.agent import handoff, retention
 from snapshotter.agent.freeze import Freezes
 from snapshotter.agent.launch import check_launch, undo
 from snapshotter.agent.local_copy import LocalCopies
@@ -29,6 +29,8 @@ from snapshotter.gpu.stage import GpuStage, records_of
 from snapshotter.launch.env import RankPlacement, RdzvAddress
 from snapshotter.launch.spec import JobSpec
 from snapshotter.rpc import convert
+from snapshotter.rpc.client import Target, agent_client
+from snapshotter.rpc.tls import TlsFiles
 from snapshotter.sandbox import criu, files
 from snapshotter.sandbox.spawn import PRIVATE_TMP
 from snapshotter.storage.api import ObjectStore
@@ -50,8 +52,12 @@ class Thaws:
         netns: str | None,
         parallelism: int,
         copies: LocalCopies | None = None,
+        peer_tls: TlsFiles | None = None,
     ) -> None:
+        """`peer_tls`: this node's certificate, with which it reads a migrating rank's
+        images from another node's agent (None: plaintext, tests on loopback)."""
         self.node = node
+        self.peer_tls = peer_tls
         self.copies = copies
         self.paths = paths
         self.store = store
@@ -94,6 +100,66 @@ class Thaws:
             fetched=agent_pb2.Fetched(
                 node=self.node, op=op, fetch_s=time.monotonic() - t0, local_copy=local
             )
+        )
+
+    def receive(
+        self, source: str, source_name: str, job_id: str, freeze_id: str, ticket: str,
+        streams: list[str],
+    ) -> Iterator[agent_pb2.FetchEvent]:
+        """Take a migrating node's dumped rank images straight from its agent, every rank's
+        in parallel, each verified whole before it counts (agent/handoff.py): a migration's
+        fetch. Its op is restored like a thaw's."""
+        op = f"thaw-{uuid.uuid4().hex[:12]}"
+        work = self.paths.work_dir(op)
+        t0 = time.monotonic()
+        yield agent_pb2.FetchEvent(phase=common_pb2.PhaseEvent(phase="receive", node=self.node))
+        client = agent_client(Target(source, tls=self.peer_tls, server_name=source_name),
+                              peer="agent")  # fmt: skip
+        got = [0]
+        lock = threading.Lock()
+
+        def count(n: int) -> None:
+            with lock:
+                got[0] += n
+
+        def one(stream: str) -> int:
+            req = agent_pb2.ImagesRequest(
+                job_id=job_id, freeze_id=freeze_id, ticket=ticket, stream=stream
+            )
+            return handoff.receive(client.stub.ReadImages(req), work / stream, count)
+
+        result: dict[str, object] = {}
+
+        def work_all() -> None:
+            try:
+                parallel.each(streams, one, key=lambda st: st, workers=self.parallelism,
+                              name="receive").raise_first()  # fmt: skip
+            except BaseException as e:  # noqa: BLE001 - raised below
+                result["error"] = e
+            result["done"] = True
+
+        worker = threading.Thread(target=work_all, daemon=True, name=f"receive-{op}")
+        try:
+            worker.start()
+            while worker.is_alive():
+                worker.join(0.5)
+                with lock:
+                    n = got[0]
+                yield agent_pb2.FetchEvent(progress=common_pb2.TransferProgress(
+                    node=self.node, raw_bytes=n, stored_bytes=n,
+                    rate=n / max(time.monotonic() - t0, 1e-6)))  # fmt: skip
+            if "error" in result:
+                raise result["error"]  # type: ignore[misc]
+        except BaseException:
+            worker.join()
+            shutil.rmtree(work, ignore_errors=True)
+            raise
+        finally:
+            client.close()
+        with self._lock:
+            self._fetched[op] = time.monotonic()
+        yield agent_pb2.FetchEvent(
+            fetched=agent_pb2.Fetched(node=self.node, op=op, fetch_s=time.monotonic() - t0)
         )
 
     def discard(self, op: str) -> None:

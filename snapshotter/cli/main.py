@@ -206,6 +206,26 @@ def cmd_thaw(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_migrate(a: argparse.Namespace) -> int:
+    c = _client()
+    req = pb.MigrateRequest(job_id=a.job_id, node=a.node or "", to=a.to, via_store=a.via_store)
+    if a.rank is not None:
+        req.rank = a.rank
+    if a.quiesce_timeout is not None:
+        req.quiesce_timeout_s = a.quiesce_timeout
+    res = _drive(c.stub.Migrate(req), ProgressLine(a.json))
+    st = res["stats"]
+    print(
+        f"job {res['job_id']}: rank(s) {', '.join(map(str, st.get('ranks', [])))} moved from "
+        f"{res['node']} to {res['to']}; job stalled {st['downtime_s']:.2f}s (dump "
+        f"{st['dump_s']:.2f}s, transfer {human_bytes(st['image_bytes'])} in "
+        f"{st['transfer_s']:.2f}s, restore {st['restore_s']:.2f}s, rebuild {st['resume_s']:.2f}s)",
+        file=sys.stderr,
+    )
+    emit_result(res, a.json, ",".join(res["nodes"]))
+    return 0
+
+
 # --------------------------------------------------------------------------- queries
 def cmd_jobs(a: argparse.Namespace) -> int:
     res = _client().stub.Jobs(common_pb2.Empty(), timeout=60)
@@ -412,6 +432,16 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("snapshot")
     t.add_argument("--job-id", default=None)
     t.add_argument("--nodes", default=None)
+
+    m = add("migrate", cmd_migrate, "move a running job's ranks off a node; the rest stay")
+    m.add_argument("job_id")
+    which = m.add_mutually_exclusive_group(required=True)
+    which.add_argument("--node", default=None, help="move every rank of this node (a drain)")
+    which.add_argument("--rank", type=int, default=None, help="move only this rank (not yet)")
+    m.add_argument("--to", required=True, help="the node to move them to")
+    m.add_argument("--via-store", action="store_true",
+                   help="through object storage instead of agent to agent (not yet)")
+    m.add_argument("--quiesce-timeout", type=float, default=None)
 
     add("jobs", cmd_jobs, "list jobs")
     s = add("status", cmd_status, "show a job, or without one the services and their resources")

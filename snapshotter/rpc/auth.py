@@ -52,7 +52,8 @@ ROLE_RIGHTS: Mapping[Role, frozenset[int]] = {
     Role.VIEWER: frozenset({Right.VIEW}),
     Role.OPERATOR: frozenset({Right.VIEW, Right.OPERATE}),
     Role.ADMIN: frozenset({Right.VIEW, Right.OPERATE, Right.ADMINISTER}),
-    Role.NODE: frozenset({Right.REGISTER}),
+    # A node reads a migrating rank's images from another node (agent/handoff.py).
+    Role.NODE: frozenset({Right.REGISTER, Right.TRANSFER}),
     Role.COORDINATOR: frozenset({Right.DRIVE, Right.VIEW}),
     Role.CLIENT: frozenset(),
 }

@@ -32,11 +32,12 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
-from pathlib import Path, PurePosixPath
+from pathlib import Path
 
 import zstandard
 
 from snapshotter.errors import InvalidArgument, SnapshotCorrupt, SnapshotNotFound
+from snapshotter.storage import dirstream
 from snapshotter.storage import format as fmt
 from snapshotter.storage.api import ObjectMissing, ObjectStore
 from snapshotter.storage.tasks import TransferTasks
@@ -44,10 +45,6 @@ from snapshotter.storage.tasks import TransferTasks
 DEFAULT_WORKERS = 4
 STAGED_SUFFIX = ".stream"
 STAGED_COMPRESSED_SUFFIX = ".zst"
-# tarfile's stream reader joins and re-slices its buffer on every read, and copies file data
-# out in 16 KiB reads: a 32 KiB buffer keeps both cheap (its 10 KiB default costs a Python
-# call per 10 KiB; larger buffers are copied over and over).
-_TAR_BUFSIZE = 32 * 1024
 _CHUNKS_AHEAD = 1
 
 FetchProgressFn = Callable[[str, int, int], None]  # (stream, chunks verified, chunks in stream)
@@ -285,7 +282,8 @@ class SnapshotReader:
             else:
                 src = io.FileIO(staged.path, "r")
             with src:
-                with tarfile.open(fileobj=src, mode="r|", bufsize=_TAR_BUFSIZE) as tar:
+                bufsize = dirstream.TAR_READ_BUFSIZE
+                with tarfile.open(fileobj=src, mode="r|", bufsize=bufsize) as tar:
                     tar.extractall(tmp, members=self._checked(name, tar), filter="data")
                 if isinstance(src, _VerifiedChunks):
                     src.drain()  # the archive's end padding must verify too
@@ -315,16 +313,11 @@ class SnapshotReader:
             yield m
 
     def _check_member(self, stream: str, m: tarfile.TarInfo) -> None:
-        p = PurePosixPath(m.name)
-        bad = (
-            p.is_absolute()
-            or ".." in p.parts
-            or not (m.isfile() or m.isdir())  # CRIU image dirs hold only files and dirs
-        )
-        if bad:
+        why = dirstream.unsafe_member(m)
+        if why:
             raise SnapshotCorrupt(
-                f"snapshot {self.snapshot_id!r}: stream {stream!r} holds unsafe archive member "
-                f"{m.name!r} (type {m.type!r}); nothing was extracted",
+                f"snapshot {self.snapshot_id!r}: stream {stream!r} holds {why}; nothing was "
+                "extracted",
                 _CORRUPT_NEXT_STEP,
             )
 

@@ -333,3 +333,53 @@ class RestoreReply(_message.Message):
     job: NodeJob
     gpu: _containers.MessageMap[int, GpuThaw]
     def __init__(self, node: _Optional[str] = ..., restore_s: _Optional[float] = ..., resume_s: _Optional[float] = ..., job: _Optional[_Union[NodeJob, _Mapping]] = ..., gpu: _Optional[_Mapping[int, GpuThaw]] = ...) -> None: ...
+
+class OfferRequest(_message.Message):
+    __slots__ = ("job_id", "freeze_id", "ticket")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FREEZE_ID_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    freeze_id: str
+    ticket: str
+    def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., ticket: _Optional[str] = ...) -> None: ...
+
+class ImagesRequest(_message.Message):
+    __slots__ = ("job_id", "freeze_id", "ticket", "stream")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FREEZE_ID_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    STREAM_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    freeze_id: str
+    ticket: str
+    stream: str
+    def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., ticket: _Optional[str] = ..., stream: _Optional[str] = ...) -> None: ...
+
+class ImagePiece(_message.Message):
+    __slots__ = ("data", "sha256", "size", "last")
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    SHA256_FIELD_NUMBER: _ClassVar[int]
+    SIZE_FIELD_NUMBER: _ClassVar[int]
+    LAST_FIELD_NUMBER: _ClassVar[int]
+    data: bytes
+    sha256: str
+    size: int
+    last: bool
+    def __init__(self, data: _Optional[bytes] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., last: _Optional[bool] = ...) -> None: ...
+
+class ReceiveRequest(_message.Message):
+    __slots__ = ("job_id", "freeze_id", "ticket", "source", "source_name", "streams")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FREEZE_ID_FIELD_NUMBER: _ClassVar[int]
+    TICKET_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_FIELD_NUMBER: _ClassVar[int]
+    SOURCE_NAME_FIELD_NUMBER: _ClassVar[int]
+    STREAMS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    freeze_id: str
+    ticket: str
+    source: str
+    source_name: str
+    streams: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., ticket: _Optional[str] = ..., source: _Optional[str] = ..., source_name: _Optional[str] = ..., streams: _Optional[_Iterable[str]] = ...) -> None: ...

@@ -120,6 +120,21 @@ class AgentStub:
                 request_serializer=snapshotter_dot_v1_dot_agent__pb2.RestoreRequest.SerializeToString,
                 response_deserializer=snapshotter_dot_v1_dot_agent__pb2.RestoreReply.FromString,
                 _registered_method=True)
+        self.OfferImages = channel.unary_unary(
+                '/snapshotter.v1.Agent/OfferImages',
+                request_serializer=snapshotter_dot_v1_dot_agent__pb2.OfferRequest.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_common__pb2.Empty.FromString,
+                _registered_method=True)
+        self.ReadImages = channel.unary_stream(
+                '/snapshotter.v1.Agent/ReadImages',
+                request_serializer=snapshotter_dot_v1_dot_agent__pb2.ImagesRequest.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_agent__pb2.ImagePiece.FromString,
+                _registered_method=True)
+        self.Receive = channel.unary_stream(
+                '/snapshotter.v1.Agent/Receive',
+                request_serializer=snapshotter_dot_v1_dot_agent__pb2.ReceiveRequest.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_agent__pb2.FetchEvent.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/snapshotter.v1.Agent/Status',
                 request_serializer=snapshotter_dot_v1_dot_common__pb2.JobRef.SerializeToString,
@@ -263,6 +278,27 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def OfferImages(self, request, context):
+        """Migration: the source offers a dumped freeze's images to whoever presents the ticket;
+        the target receives them straight from the source (ReadImages, one call per rank) and
+        restores them with Restore; the stream ends with `fetched`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadImages(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Receive(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -397,6 +433,21 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Restore,
                     request_deserializer=snapshotter_dot_v1_dot_agent__pb2.RestoreRequest.FromString,
                     response_serializer=snapshotter_dot_v1_dot_agent__pb2.RestoreReply.SerializeToString,
+            ),
+            'OfferImages': grpc.unary_unary_rpc_method_handler(
+                    servicer.OfferImages,
+                    request_deserializer=snapshotter_dot_v1_dot_agent__pb2.OfferRequest.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_common__pb2.Empty.SerializeToString,
+            ),
+            'ReadImages': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadImages,
+                    request_deserializer=snapshotter_dot_v1_dot_agent__pb2.ImagesRequest.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_agent__pb2.ImagePiece.SerializeToString,
+            ),
+            'Receive': grpc.unary_stream_rpc_method_handler(
+                    servicer.Receive,
+                    request_deserializer=snapshotter_dot_v1_dot_agent__pb2.ReceiveRequest.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_agent__pb2.FetchEvent.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -893,6 +944,87 @@ class Agent:
             '/snapshotter.v1.Agent/Restore',
             snapshotter_dot_v1_dot_agent__pb2.RestoreRequest.SerializeToString,
             snapshotter_dot_v1_dot_agent__pb2.RestoreReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OfferImages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapshotter.v1.Agent/OfferImages',
+            snapshotter_dot_v1_dot_agent__pb2.OfferRequest.SerializeToString,
+            snapshotter_dot_v1_dot_common__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadImages(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/snapshotter.v1.Agent/ReadImages',
+            snapshotter_dot_v1_dot_agent__pb2.ImagesRequest.SerializeToString,
+            snapshotter_dot_v1_dot_agent__pb2.ImagePiece.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Receive(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/snapshotter.v1.Agent/Receive',
+            snapshotter_dot_v1_dot_agent__pb2.ReceiveRequest.SerializeToString,
+            snapshotter_dot_v1_dot_agent__pb2.FetchEvent.FromString,
             options,
             channel_credentials,
             insecure,

@@ -17,12 +17,14 @@ class Right(int, metaclass=_enum_type_wrapper.EnumTypeWrapper):
     ADMINISTER: _ClassVar[Right]
     REGISTER: _ClassVar[Right]
     DRIVE: _ClassVar[Right]
+    TRANSFER: _ClassVar[Right]
 RIGHT_UNSPECIFIED: Right
 VIEW: Right
 OPERATE: Right
 ADMINISTER: Right
 REGISTER: Right
 DRIVE: Right
+TRANSFER: Right
 REQUIRED_FIELD_NUMBER: _ClassVar[int]
 required: _descriptor.FieldDescriptor
 

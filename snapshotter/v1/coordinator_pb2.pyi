@@ -527,3 +527,63 @@ class ShutdownReply(_message.Message):
     stopping: bool
     cancelled: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, stopping: _Optional[bool] = ..., cancelled: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class MigrateRequest(_message.Message):
+    __slots__ = ("job_id", "node", "rank", "to", "via_store", "quiesce_timeout_s")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    VIA_STORE_FIELD_NUMBER: _ClassVar[int]
+    QUIESCE_TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    node: str
+    rank: int
+    to: str
+    via_store: bool
+    quiesce_timeout_s: float
+    def __init__(self, job_id: _Optional[str] = ..., node: _Optional[str] = ..., rank: _Optional[int] = ..., to: _Optional[str] = ..., via_store: _Optional[bool] = ..., quiesce_timeout_s: _Optional[float] = ...) -> None: ...
+
+class MigrateStats(_message.Message):
+    __slots__ = ("downtime_s", "quiesce_s", "dump_s", "transfer_s", "restore_s", "resume_s", "image_bytes", "ranks")
+    DOWNTIME_S_FIELD_NUMBER: _ClassVar[int]
+    QUIESCE_S_FIELD_NUMBER: _ClassVar[int]
+    DUMP_S_FIELD_NUMBER: _ClassVar[int]
+    TRANSFER_S_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_S_FIELD_NUMBER: _ClassVar[int]
+    RESUME_S_FIELD_NUMBER: _ClassVar[int]
+    IMAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    downtime_s: float
+    quiesce_s: float
+    dump_s: float
+    transfer_s: float
+    restore_s: float
+    resume_s: float
+    image_bytes: int
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, downtime_s: _Optional[float] = ..., quiesce_s: _Optional[float] = ..., dump_s: _Optional[float] = ..., transfer_s: _Optional[float] = ..., restore_s: _Optional[float] = ..., resume_s: _Optional[float] = ..., image_bytes: _Optional[int] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
+
+class MigrateDone(_message.Message):
+    __slots__ = ("job_id", "node", "to", "stats", "nodes")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    TO_FIELD_NUMBER: _ClassVar[int]
+    STATS_FIELD_NUMBER: _ClassVar[int]
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    node: str
+    to: str
+    stats: MigrateStats
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, job_id: _Optional[str] = ..., node: _Optional[str] = ..., to: _Optional[str] = ..., stats: _Optional[_Union[MigrateStats, _Mapping]] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class MigrateEvent(_message.Message):
+    __slots__ = ("phase", "progress", "done")
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    PROGRESS_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    phase: _common_pb2.PhaseEvent
+    progress: _common_pb2.TransferProgress
+    done: MigrateDone
+    def __init__(self, phase: _Optional[_Union[_common_pb2.PhaseEvent, _Mapping]] = ..., progress: _Optional[_Union[_common_pb2.TransferProgress, _Mapping]] = ..., done: _Optional[_Union[MigrateDone, _Mapping]] = ...) -> None: ...

@@ -115,6 +115,11 @@ class CoordinatorStub:
                 request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.ThawRequest.SerializeToString,
                 response_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.ThawEvent.FromString,
                 _registered_method=True)
+        self.Migrate = channel.unary_stream(
+                '/snapshotter.v1.Coordinator/Migrate',
+                request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.MigrateRequest.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.MigrateEvent.FromString,
+                _registered_method=True)
         self.ListSnapshots = channel.unary_unary(
                 '/snapshotter.v1.Coordinator/ListSnapshots',
                 request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.ListSnapshotsRequest.SerializeToString,
@@ -254,6 +259,14 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Migrate(self, request, context):
+        """Move a running job's ranks off one node onto another while the other ranks stay in
+        memory; the stream ends with `done`.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListSnapshots(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -368,6 +381,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Thaw,
                     request_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.ThawRequest.FromString,
                     response_serializer=snapshotter_dot_v1_dot_coordinator__pb2.ThawEvent.SerializeToString,
+            ),
+            'Migrate': grpc.unary_stream_rpc_method_handler(
+                    servicer.Migrate,
+                    request_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.MigrateRequest.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_coordinator__pb2.MigrateEvent.SerializeToString,
             ),
             'ListSnapshots': grpc.unary_unary_rpc_method_handler(
                     servicer.ListSnapshots,
@@ -827,6 +845,33 @@ class Coordinator:
             '/snapshotter.v1.Coordinator/Thaw',
             snapshotter_dot_v1_dot_coordinator__pb2.ThawRequest.SerializeToString,
             snapshotter_dot_v1_dot_coordinator__pb2.ThawEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Migrate(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/snapshotter.v1.Coordinator/Migrate',
+            snapshotter_dot_v1_dot_coordinator__pb2.MigrateRequest.SerializeToString,
+            snapshotter_dot_v1_dot_coordinator__pb2.MigrateEvent.FromString,
             options,
             channel_credentials,
             insecure,

@@ -241,3 +241,47 @@ def test_policy_snapshots_a_lost_node_replaced_by_a_spare_and_a_drain(
         for name in ("a", "b"):
             if deployment.agents[name].poll() is not None:
                 deployment.start_agent(name)
+
+
+def test_migrate_a_node_onto_a_spare_while_the_other_stays_in_memory(
+    deployment: Deployment, reference: dict, tmp_path: Path
+) -> None:
+    """`migrate --node b --to c` mid-training: node a's ranks are the same processes after,
+    ranks 2 and 3 run on c, each one gapless sequence of steps, and the run ends with the
+    parameters of an uninterrupted one. Bad requests are refused first, the job untouched."""
+    cli = deployment.cli
+    out = tmp_path / "out.json"
+    job = cli.start_job(out, *PACED, nodes="a,b")
+    cli.wait_step(job, 30)
+    for bad in (["--node", "b", "--to", "nowhere"], ["--node", "a", "--to", "c"],
+                ["--node", "b", "--to", "a"], ["--node", "x", "--to", "c"],
+                ["--rank", "3", "--to", "c"]):  # fmt: skip
+        p = cli.run("migrate", job, *bad, "--json", check=False)
+        assert p.returncode == 2, (bad, p.stdout, p.stderr)
+        assert "Traceback" not in p.stderr
+    a_ranks = sorted(set(rank_sandbox_pids(deployment.cluster))
+                     & set(pids_in_node(deployment.cluster, "a")))  # fmt: skip
+    assert len(a_ranks) == 2
+
+    res = cli.json("migrate", job, "--node", "b", "--to", "c")
+    print("MIGRATED", res, cli.last_step(job))
+    assert res["nodes"] == ["a", "c"] and res["stats"]["ranks"] == [2, 3], res
+    st = res["stats"]
+    assert 0 < st["downtime_s"] and st["image_bytes"] > 0 and st["transfer_s"] > 0, st
+    status = cli.json("status", job)
+    assert status["nodes"] == ["a", "c"] and status["state"] == "RUNNING", status
+    # Node a's ranks never left memory; node b holds none of the job's any more.
+    now = set(rank_sandbox_pids(deployment.cluster))
+    assert set(a_ranks) <= now
+    assert not now & set(pids_in_node(deployment.cluster, "b"))
+    migrated = [e for e in cli.json("events", job)["events"] if e["kind"] == "migrated"]
+    assert len(migrated) == 1 and migrated[0]["nodes"] == ["a", "c"], migrated
+
+    done = cli.wait(job)
+    assert done["state"] == "SUCCEEDED", (done, deployment.logs())
+    assert read_json(out) == reference
+    for rank in (2, 3):
+        steps = cli.steps(job, rank=rank)
+        assert steps == list(range(1, STEPS + 1)), steps[-20:]
+    c_log = deployment.home("c") / "jobs" / job / "logs" / "rank-3.log"
+    assert c_log.exists() and "step" in c_log.read_text()

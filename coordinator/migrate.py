@@ -1,0 +1,293 @@
+"""Moving every rank of one node onto another while the other ranks stay in memory (a drain).
+
+    prepare   every rank reports its collective counts       (failure: nothing to undo)
+    quiesce   every rank parks before the chosen target      (failure: abort, as a freeze)
+    suspend   every rank closes its sockets                  (failure: resume all)
+    dump      CRIU dumps the moving node's ranks only        (failure: resume all)
+    transfer  the target agent reads the images straight from the source agent, each rank's
+              verified whole (agent/handoff.py)              (failure: resume all, in place)
+    restore   the target restores them under the source's node rank while every other node
+              resumes, all under the freeze's epoch: every rank rebuilds its communicators
+              with the moved ranks' new addresses         (failure: the source resumes its own)
+    finish    the source's parked copies end; the job's record names the target
+
+The other nodes' ranks never leave memory. Until the target's ranks rebuilt their
+communicators, the source's ranks are parked, not ended, so any failure puts them back where
+they were, running. Node 0 hosts the job's rendezvous server and is not moved (yet).
+"""
+
+from __future__ import annotations
+
+import secrets
+import time
+from collections.abc import Callable, Iterator, Sequence
+from typing import TYPE_CHECKING
+
+from snapshotter import errors
+from snapshotter.coordinator import detect
+from snapshotter.coordinator.agents import AgentHandle, on_all
+from snapshotter.coordinator.decisions import JobPhase
+from snapshotter.coordinator.freeze import FreezeOperation, FreezeSettings
+from snapshotter.launch.spec import JobSpec
+from snapshotter.storage.api import ObjectStore
+from snapshotter.v1 import agent_pb2, common_pb2, coordinator_pb2
+
+if TYPE_CHECKING:
+    from snapshotter.coordinator.core import Coordinator
+
+pb = coordinator_pb2
+_RETRY = "the job trains on where it was; retry the migration"
+
+
+def _phase(phase: str, **kw: object) -> pb.MigrateEvent:
+    return pb.MigrateEvent(phase=common_pb2.PhaseEvent(phase=phase, **kw))  # type: ignore[arg-type]
+
+
+class MigrateOperation(FreezeOperation):
+    def __init__(
+        self,
+        spec: JobSpec,
+        agents: Sequence[AgentHandle],
+        source: int,
+        target: AgentHandle,
+        store: ObjectStore,
+        settings: FreezeSettings,
+        on_moved: Callable[[list[str]], None],
+        current: Callable[[str], AgentHandle | None] | None = None,
+    ) -> None:
+        """`source`: the node rank whose ranks move; `on_moved(nodes)`: the job now runs on
+        `nodes` (called before the source's parked copies end)."""
+        super().__init__(spec, agents, store, False, settings, lambda _: None, current)
+        self.snapshot_id = ""  # nothing is stored
+        self.source_rank = source
+        self.source = self.agents[source]
+        self.target = target
+        self._on_moved = on_moved
+        self._op = ""
+        self._done = pb.MigrateEvent()
+
+    def events(self) -> Iterator[pb.MigrateEvent]:
+        for ev in self.run():
+            if ev.HasField("phase"):
+                yield pb.MigrateEvent(phase=ev.phase)
+            elif ev.HasField("progress"):
+                yield pb.MigrateEvent(progress=ev.progress)
+        yield self._done
+
+    def _run(self) -> Iterator[coordinator_pb2.FreezeEvent]:
+        s = self.settings
+        job = common_pb2.JobRef(job_id=self.spec.job_id)
+        rdzv = self.agents[0].stub.Status(job, timeout=10).rdzv
+        yield from self._quiesce()
+
+        src, dst = self.source, self.target
+        yield pb.FreezeEvent(phase=common_pb2.PhaseEvent(phase="dump", node=src.name))
+        t = time.monotonic()
+        ranks = list(src.stub.Dump(self._ref(), timeout=None).ranks)
+        dump_s = time.monotonic() - t
+        image_bytes = sum(r.image_bytes for r in ranks)
+
+        yield pb.FreezeEvent(phase=common_pb2.PhaseEvent(phase="transfer", node=dst.name,
+                                                         bytes=image_bytes))  # fmt: skip
+        t = time.monotonic()
+        ticket = secrets.token_urlsafe(32)
+        src.stub.OfferImages(agent_pb2.OfferRequest(job_id=self.spec.job_id,
+                                                    freeze_id=self.freeze_id, ticket=ticket),
+                             timeout=30)  # fmt: skip
+        recv = agent_pb2.ReceiveRequest(
+            job_id=self.spec.job_id, freeze_id=self.freeze_id, ticket=ticket,
+            source=src.address, source_name=src.name, streams=[r.stream for r in ranks],
+        )  # fmt: skip
+        try:
+            for ev in dst.stub.Receive(recv, timeout=s.resume_timeout + 600):
+                if ev.HasField("progress"):
+                    yield pb.FreezeEvent(progress=ev.progress)
+                elif ev.HasField("fetched"):
+                    self._op = ev.fetched.op
+        except errors.SnapshotterError as e:
+            raise errors.MigrationFailed(
+                f"node {dst.name} could not take the images of node {src.name}: {e.cause}",
+                _RETRY,
+            ) from e
+        transfer_s = time.monotonic() - t
+
+        yield pb.FreezeEvent(phase=common_pb2.PhaseEvent(phase="restore", node=dst.name))
+        restore = agent_pb2.RestoreRequest(
+            op=self._op, spec=self.spec.to_proto(), ranks=ranks, node_rank=self.source_rank,
+            timeout_s=s.resume_timeout, rdzv=rdzv, epoch=self.freeze_id, put_back_files=True,
+        )  # fmt: skip
+        resume = self._phase_req(s.resume_timeout)
+        others = [a for a in self.agents if a is not src]
+        self._resumed = True  # from here on, every failure is handled below
+
+        def step(a: AgentHandle) -> object:
+            if a is dst:
+                return dst.stub.Restore(restore, timeout=None)
+            return a.stub.Resume(resume, timeout=s.resume_timeout + 10)
+
+        def put_back(failed: AgentHandle, e: BaseException) -> None:
+            # The others wait for the moved ranks under this epoch: the source's parked
+            # ranks join them instead, where they were.
+            if failed is dst:
+                src.stub.Resume(resume, timeout=s.resume_timeout + 10)
+
+        out = on_all([dst, *others], step, first_failure=put_back)
+        if out.failures:
+            self._fail_after_restore(out.failures, dst)
+        restored = out.results[dst.name]
+        assert isinstance(restored, agent_pb2.RestoreReply)
+        downtime_s = time.monotonic() - self._t_park
+
+        nodes = [a.name for a in self.agents]
+        nodes[self.source_rank] = dst.name
+        self._on_moved(nodes)
+        yield pb.FreezeEvent(phase=common_pb2.PhaseEvent(phase="finish", node=src.name))
+        self._finish(src, stop=True)
+        for a in others:
+            self._finish(a, stop=False)
+        self._prepared = []  # nothing left for a failure to put back
+        self._done = pb.MigrateEvent(done=pb.MigrateDone(
+            job_id=self.spec.job_id, node=src.name, to=dst.name, nodes=nodes,
+            stats=pb.MigrateStats(
+                downtime_s=downtime_s, quiesce_s=self._quiesce_s, dump_s=dump_s,
+                transfer_s=transfer_s, restore_s=restored.restore_s, resume_s=restored.resume_s,
+                image_bytes=image_bytes, ranks=sorted(r.rank for r in ranks),
+            ),
+        ))  # fmt: skip
+
+    def _finish(self, a: AgentHandle, stop: bool) -> None:
+        fin = agent_pb2.FinishFreezeRequest(
+            job_id=self.spec.job_id, freeze_id=self.freeze_id, stop=stop
+        )
+        try:
+            a.stub.FinishFreeze(fin, timeout=60)
+        except errors.SnapshotterError as e:
+            # Its lease ends the freeze there on its own (and, on the source, its ranks are
+            # no longer the job's: the target's run under the job's record).
+            if stop:
+                a.stub.Cancel(common_pb2.JobRef(job_id=self.spec.job_id), timeout=60)
+            raise errors.MigrationFailed(
+                f"the job runs on its new nodes, but node {a.name} did not finish the "
+                f"migration: {e.cause}",
+                "check that node's agent (`snapshotter nodes`)",
+            ) from e
+
+    def _fail_after_restore(self, failures: dict[str, BaseException], dst: AgentHandle) -> None:
+        """The target's restore or another node's resume failed: if every rank but the
+        target's resumed (the source's in place), the job trains on where it was."""
+        job = common_pb2.JobRef(job_id=self.spec.job_id)
+        first = next(iter(failures.values()))
+        cause = first.cause if isinstance(first, errors.SnapshotterError) else str(first)
+        if set(failures) == {dst.name}:
+            for a in self.agents:
+                self._finish(a, stop=False)
+            self._prepared = []
+            raise errors.MigrationFailed(
+                f"node {dst.name} could not restore the ranks of node {self.source.name} "
+                f"({cause}); they resumed on {self.source.name}", _RETRY,
+            ) from first  # fmt: skip
+        on_all([*self.agents, dst], lambda a: a.stub.Cancel(job, timeout=60))
+        self._prepared = []
+        raise errors.MigrationFailed(
+            f"the job's ranks could not rebuild their communicators after the migration "
+            f"({cause}), so it was stopped on every node",
+            f"thaw its latest snapshot (`snapshotter list --job {self.spec.job_id}`)",
+        ) from first
+
+    def _recover(self, cause: BaseException) -> str:
+        if self._op:
+            try:
+                self.target.stub.DiscardFetch(agent_pb2.FetchRef(op=self._op), timeout=30)
+            except errors.SnapshotterError:
+                pass  # the target is gone, or its housekeeping removes it
+        return super()._recover(cause)
+
+
+def migrate(c: Coordinator, req: pb.MigrateRequest) -> Iterator[pb.MigrateEvent]:
+    """Move the ranks of node `req.node` of a running job onto node `req.to`."""
+    rec = c.job(req.job_id)
+    source, target = _check(c, req, rec.nodes)
+    if not rec.lock.acquire(blocking=False):
+        raise errors.FreezeRefused(
+            f"a freeze, thaw or migration of job {rec.spec.job_id} is in progress",
+            "wait for it to finish (`snapshotter status`), then retry",
+        )
+    try:
+        phase = c.phase_of(rec)
+        if phase is not JobPhase.RUNNING:
+            raise errors.FreezeRefused(
+                f"job {rec.spec.job_id} is {phase.value}; only a running job can be migrated",
+                "`snapshotter status` shows it",
+            )
+        rec.busy = JobPhase.MIGRATING.value
+        timeout = req.quiesce_timeout_s if req.HasField("quiesce_timeout_s") else None
+        settings = FreezeSettings(quiesce_timeout=timeout or FreezeSettings.quiesce_timeout)
+        handles = c.job_handles(rec)
+        if len(handles) != len(rec.nodes):
+            down = sorted(set(rec.nodes) - {a.name for a in handles})
+            raise errors.FreezeRefused(
+                f"node(s) {', '.join(down)} of job {rec.spec.job_id} do not answer",
+                "wait for them to answer again (`snapshotter nodes`), or freeze and thaw",
+            )
+
+        def moved(nodes: list[str]) -> None:
+            rec.nodes = nodes
+
+        op = MigrateOperation(rec.spec, handles, source, target, c.store, settings, moved,
+                              current=lambda n: c.live_agents().get(n))  # fmt: skip
+        for ev in op.events():
+            if ev.HasField("done"):
+                st = ev.done.stats
+                rec.life.add("migrated", nodes=list(ev.done.nodes), took_s=st.downtime_s,
+                             detail=f"ranks {', '.join(map(str, st.ranks))} moved from "
+                             f"{req.node} to {req.to}: job stalled {st.downtime_s:.2f}s "
+                             f"(transfer {st.transfer_s:.2f}s)")  # fmt: skip
+                # It held collectives on purpose: no rank was hung meanwhile.
+                rec.life.progress = detect.reset(rec.life.progress, time.monotonic())
+            yield ev
+    finally:
+        rec.busy = None
+        rec.lock.release()
+
+
+def _check(c: Coordinator, req: pb.MigrateRequest, nodes: list[str]) -> tuple[int, AgentHandle]:
+    """(the source's node rank, the target's agent). Raises: InvalidArgument naming what
+    is wrong with the request."""
+    if req.HasField("rank"):
+        raise errors.InvalidArgument(
+            "moving a single rank (--rank) is not supported yet: a node's ranks move together",
+            f"move every rank of its node with --node (the job's nodes: {', '.join(nodes)})",
+        )
+    if req.via_store:
+        raise errors.InvalidArgument(
+            "--via-store is not supported yet: the images go from agent to agent",
+            "leave out --via-store",
+        )
+    if not req.node or not req.to:
+        raise errors.InvalidArgument("a migration needs --node and --to", "name both nodes")
+    if req.node not in nodes:
+        raise errors.InvalidArgument(
+            f"node {req.node!r} holds no rank of job {req.job_id}",
+            f"the job runs on {', '.join(nodes)}",
+        )
+    if req.to in nodes:
+        raise errors.InvalidArgument(
+            f"node {req.to!r} already holds ranks of job {req.job_id}",
+            "migrate onto a node the job does not use (`snapshotter nodes`)",
+        )
+    source = nodes.index(req.node)
+    if source == 0:
+        raise errors.InvalidArgument(
+            f"node {req.node} is the job's node 0, which hosts its rendezvous server: it "
+            "cannot be migrated yet",
+            "freeze the job and thaw it onto other nodes instead",
+        )
+    if req.to in c.draining:
+        raise errors.InvalidArgument(f"node {req.to} is being drained", "choose another node")
+    target = c.live_agents().get(req.to)
+    if target is None:
+        raise errors.InvalidArgument(
+            f"node {req.to!r} is not registered or its agent does not answer",
+            "`snapshotter nodes` lists the live nodes",
+        )
+    return source, target
