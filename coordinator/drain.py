@@ -1,5 +1,8 @@
 """Draining one job off a node that is going away (preemption, maintenance).
 
+migrate  --recover auto, the node not the job's node 0, a healthy node free: its ranks move
+         there agent to agent while the others stay in memory (coordinator/migrate.py);
+         if that fails, the job is left where it was and the freeze below follows
 freeze   freeze-and-stop, bounded by the grace period (quiesce gets half of what is left
          once a freeze or thaw already under way, a policy snapshot say, has ended)
 fallback the freeze did not commit in time: the job's newest committed snapshot is what
@@ -15,7 +18,7 @@ import time
 from typing import TYPE_CHECKING
 
 from snapshotter import errors, parallel
-from snapshotter.coordinator import snapshots
+from snapshotter.coordinator import migrate, snapshots
 from snapshotter.coordinator.core import node_caller
 from snapshotter.coordinator.decisions import JobPhase, recovery_nodes
 from snapshotter.v1 import coordinator_pb2
@@ -35,12 +38,42 @@ def _await_idle(c: Coordinator, job_id: str, deadline: float) -> None:
         time.sleep(0.2)
 
 
+def _migrated(c: Coordinator, rec: JobRecord, node: str, deadline: float) -> pb.DrainedJob | None:
+    """Move the job's ranks off `node` onto a healthy node (its other ranks stay in memory);
+    None when a migration does not apply or failed (the job then runs as before)."""
+    if not rec.recovers or not rec.nodes or rec.nodes[0] == node:
+        return None
+    _await_idle(c, rec.spec.job_id, deadline)
+    try:
+        nodes = recovery_nodes(rec.nodes, [node], c.live_agents(),
+                               list(rec.spec.recovery.spares), c.draining)  # fmt: skip
+        to = nodes[rec.nodes.index(node)]
+        left = max(deadline - time.monotonic(), 1.0)
+        req = pb.MigrateRequest(job_id=rec.spec.job_id, node=node, to=to,
+                                quiesce_timeout_s=max(left / 4, 1.0))  # fmt: skip
+        done = [ev.done for ev in migrate.migrate(c, req) if ev.HasField("done")]
+    except errors.SnapshotterError as e:
+        rec.life.add("migration_failed", nodes=[node], detail=f"drain of {node}: {e.cause}; "
+                     "freezing the job instead")  # fmt: skip
+        return None
+    detail = (f"ranks moved to {to} (the others stayed in memory; job stalled "
+              f"{done[0].stats.downtime_s:.2f}s)")  # fmt: skip
+    out = pb.DrainedJob(job_id=rec.spec.job_id, migrated=True, detail=detail)
+    out.thawed_on.extend(done[0].nodes)
+    rec.life.add("preempted", cause="preempted", nodes=[node],
+                 detail=f"drain of {node}: {out.detail}")  # fmt: skip
+    return out
+
+
 def drain_job(c: Coordinator, rec: JobRecord, node: str, grace_s: float) -> pb.DrainedJob:
     job_id = rec.spec.job_id
+    deadline = time.monotonic() + grace_s
+    moved = _migrated(c, rec, node, deadline)
+    if moved is not None:
+        return moved
     out = pb.DrainedJob(job_id=job_id)
     done: list[str] = []
     failed: list[BaseException] = []
-    deadline = time.monotonic() + grace_s
 
     def freeze() -> None:
         _await_idle(c, job_id, deadline)  # a policy freeze under way ends first

@@ -77,6 +77,11 @@ def _phase(phase: str, **kw: Any) -> coordinator_pb2.FreezeEvent:
 
 
 class FreezeOperation:
+    # How a failure is reported (a migration shares the phases and the recovery).
+    what = "freeze"
+    failed: type[errors.SnapshotterError] = errors.FreezeFailed
+    outcome = "no snapshot was made"
+
     def __init__(
         self,
         spec: JobSpec,
@@ -125,16 +130,16 @@ class FreezeOperation:
             lost = self._recover(e)
             cause = e.cause if isinstance(e, errors.SnapshotterError) else str(e)
             if lost:
-                raise errors.FreezeFailed(
+                raise self.failed(
                     f"{cause}; the job cannot go on ({lost}), so it was stopped on every node",
                     "thaw its latest snapshot (`snapshotter list --job "
                     f"{self.spec.job_id}`) onto healthy nodes with --nodes",
                 ) from e
             if self._rejoined:
-                raise errors.FreezeFailed(
+                raise self.failed(
                     f"{cause}; the agent of node(s) {', '.join(self._rejoined)} restarted "
-                    "meanwhile and took its ranks back: the job trains on, no snapshot was made",
-                    "freeze again",
+                    f"meanwhile and took its ranks back: the job trains on, {self.outcome}",
+                    f"{self.what} again",
                 ) from e
             raise
         finally:

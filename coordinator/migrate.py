@@ -44,6 +44,10 @@ def _phase(phase: str, **kw: object) -> pb.MigrateEvent:
 
 
 class MigrateOperation(FreezeOperation):
+    what = "migrate"
+    failed = errors.MigrationFailed
+    outcome = "where it was"
+
     def __init__(
         self,
         spec: JobSpec,
@@ -91,13 +95,17 @@ class MigrateOperation(FreezeOperation):
                                                          bytes=image_bytes))  # fmt: skip
         t = time.monotonic()
         ticket = secrets.token_urlsafe(32)
-        src.stub.OfferImages(agent_pb2.OfferRequest(job_id=self.spec.job_id,
-                                                    freeze_id=self.freeze_id, ticket=ticket),
-                             timeout=30)  # fmt: skip
         recv = agent_pb2.ReceiveRequest(
             job_id=self.spec.job_id, freeze_id=self.freeze_id, ticket=ticket,
             source=src.address, source_name=src.name, streams=[r.stream for r in ranks],
         )  # fmt: skip
+        try:
+            src.stub.OfferImages(agent_pb2.OfferRequest(
+                job_id=self.spec.job_id, freeze_id=self.freeze_id, ticket=ticket), timeout=30)
+        except errors.SnapshotterError as e:
+            raise errors.MigrationFailed(
+                f"node {src.name} could not offer its ranks' images: {e.cause}", _RETRY
+            ) from e
         try:
             for ev in dst.stub.Receive(recv, timeout=s.resume_timeout + 600):
                 if ev.HasField("progress"):

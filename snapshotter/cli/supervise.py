@@ -223,6 +223,9 @@ def cmd_drain(a: argparse.Namespace, c: Client) -> int:
     res = plain(c.stub.Drain(req, timeout=(a.grace or 30.0) + 300))
     lines = [f"node {res['node']} drained: {len(res['jobs'])} job(s)"]
     for j in res["jobs"]:
+        if j.get("migrated"):
+            lines.append(f"  {j['job_id']}: runs on {','.join(j['thawed_on'])}: {j['detail']}")
+            continue
         how = "FALLBACK to" if j["fallback"] else "frozen as"
         where = f"; thawed on {','.join(j['thawed_on'])}" if j["thawed_on"] else ""
         lines.append(f"  {j['job_id']}: {how} {j['snapshot_id'] or '(none)'}{where}: {j['detail']}")
@@ -244,7 +247,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, client: Callable[[], 
     ev.add_argument("job_id")
     ev.set_defaults(fn=lambda a: cmd_events(a, client()))
     dr = sub.add_parser(
-        "drain", parents=[common], help="freeze and stop every job on a node that is going away"
+        "drain", parents=[common],
+        help="move every job off a node that is going away (migrated with --recover auto, "
+        "else frozen and stopped)",
     )
     dr.add_argument("node")
     dr.add_argument("--grace", type=float, default=None, help="seconds (default 30)")

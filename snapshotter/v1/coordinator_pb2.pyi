@@ -256,18 +256,20 @@ class DrainRequest(_message.Message):
     def __init__(self, node: _Optional[str] = ..., grace_s: _Optional[float] = ..., undo: _Optional[bool] = ...) -> None: ...
 
 class DrainedJob(_message.Message):
-    __slots__ = ("job_id", "snapshot_id", "fallback", "detail", "thawed_on")
+    __slots__ = ("job_id", "snapshot_id", "fallback", "detail", "thawed_on", "migrated")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
     FALLBACK_FIELD_NUMBER: _ClassVar[int]
     DETAIL_FIELD_NUMBER: _ClassVar[int]
     THAWED_ON_FIELD_NUMBER: _ClassVar[int]
+    MIGRATED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     snapshot_id: str
     fallback: bool
     detail: str
     thawed_on: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job_id: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., fallback: _Optional[bool] = ..., detail: _Optional[str] = ..., thawed_on: _Optional[_Iterable[str]] = ...) -> None: ...
+    migrated: bool
+    def __init__(self, job_id: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., fallback: _Optional[bool] = ..., detail: _Optional[str] = ..., thawed_on: _Optional[_Iterable[str]] = ..., migrated: _Optional[bool] = ...) -> None: ...
 
 class DrainReply(_message.Message):
     __slots__ = ("node", "jobs")

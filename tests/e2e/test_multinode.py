@@ -264,7 +264,6 @@ def test_migrate_a_node_onto_a_spare_while_the_other_stays_in_memory(
     assert len(a_ranks) == 2
 
     res = cli.json("migrate", job, "--node", "b", "--to", "c")
-    print("MIGRATED", res, cli.last_step(job))
     assert res["nodes"] == ["a", "c"] and res["stats"]["ranks"] == [2, 3], res
     st = res["stats"]
     assert 0 < st["downtime_s"] and st["image_bytes"] > 0 and st["transfer_s"] > 0, st
@@ -285,3 +284,34 @@ def test_migrate_a_node_onto_a_spare_while_the_other_stays_in_memory(
         assert steps == list(range(1, STEPS + 1)), steps[-20:]
     c_log = deployment.home("c") / "jobs" / job / "logs" / "rank-3.log"
     assert c_log.exists() and "step" in c_log.read_text()
+
+
+def test_a_drain_under_recover_auto_migrates_instead_of_freezing(
+    deployment: Deployment, reference: dict, tmp_path: Path
+) -> None:
+    """`drain b` of a job run with --recover auto and spare c: ranks 2 and 3 migrate to c,
+    ranks 0 and 1 stay the same processes, no snapshot is taken, and the run ends with the
+    parameters of an uninterrupted one."""
+    cli = deployment.cli
+    out = tmp_path / "out.json"
+    p = cli.run("run", "--detach", "--nnodes", "2", "--nproc-per-node", "2", "--nodes", "a,b",
+                "--recover", "auto", "--spares", "c", str(TRAIN), "--out", str(out),
+                *PACED)  # fmt: skip
+    job = p.stdout.strip().splitlines()[-1]
+    cli.wait_step(job, 30)
+    on_a = set(rank_sandbox_pids(deployment.cluster)) & set(pids_in_node(deployment.cluster, "a"))
+    try:
+        res = cli.json("drain", "b")
+    finally:
+        cli.run("drain", "b", "--undo")
+    (drained,) = res["jobs"]
+    assert drained["migrated"] and drained["thawed_on"] == ["a", "c"], drained
+    assert not drained["snapshot_id"] and not drained["fallback"], drained
+    assert cli.json("status", job)["nodes"] == ["a", "c"]
+    assert on_a <= set(rank_sandbox_pids(deployment.cluster))
+    kinds = [e["kind"] for e in cli.json("events", job)["events"]]
+    assert "migrated" in kinds and "preempted" in kinds and "recovered" not in kinds, kinds
+    assert cli.json("list", "--job", job)["snapshots"] == []
+    done = cli.wait(job)
+    assert done["state"] == "SUCCEEDED", (done, deployment.logs())
+    assert read_json(out) == reference

@@ -24,7 +24,13 @@ import pytest
 from snapshotter.rpc.client import Target, coordinator_client
 from snapshotter.v1 import coordinator_pb2 as cpb
 from tests.support.cli import ROOT, TRAIN
-from tests.support.multinode import Deployment, Op, rank_sandbox_pids, skip_without_nodes
+from tests.support.multinode import (
+    Deployment,
+    Op,
+    pids_in_node,
+    rank_sandbox_pids,
+    skip_without_nodes,
+)
 from tests.support.netns import Cluster
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
@@ -377,3 +383,66 @@ def test_node_that_never_answers(healthy: Deployment, tmp_path: Path) -> None:
     _no_ranks_left(dep)
     assert _snapshots(dep, job) == [s1]
     _thaw_trains(dep, s1, "a,c")
+
+
+# ------------------------------------------------------------------------- migration
+def _ranks_in(dep: Deployment, node: str) -> set[int]:
+    return set(rank_sandbox_pids(dep.cluster)) & set(pids_in_node(dep.cluster, node))
+
+
+def test_target_lost_mid_migration_leaves_the_job_where_it_was(
+    healthy: Deployment, tmp_path: Path
+) -> None:
+    """`migrate --node b --to c` with c's whole agent service killed during the transfer:
+    the migration fails naming c, ranks 2 and 3 go on on b (node a's never stopped being the
+    same processes); with c back, the same migration completes and the job ends."""
+    dep = healthy
+    out = tmp_path / "out.json"
+    steps = 1200
+    job = dep.cli.start_job(out, "--steps", str(steps), *FAST, nodes="a,b")
+    dep.cli.wait_step(job, 20)
+    on_a = _ranks_in(dep, "a")
+    op = Op(dep, "migrate", job, "--node", "b", "--to", "c")
+    op.wait_phase("transfer")
+    dep.kill_agent("c")
+    code, res = op.result()
+    assert code == 16 and res["error"]["code"] == "migration_failed", res
+    assert "node c" in res["error"]["cause"], res
+    st = _status(dep, job)
+    assert st["state"] == "RUNNING" and st["nodes"] == ["a", "b"], st
+    _progresses(dep, job)
+    assert _ranks_in(dep, "a") == on_a and len(_ranks_in(dep, "b")) == 2
+
+    dep.start_agent("c")
+    dep.wait_agents(["c"])
+    moved = dep.cli.json("migrate", job, "--node", "b", "--to", "c")
+    assert moved["nodes"] == ["a", "c"], moved
+    st = dep.cli.wait(job)
+    assert st["state"] == "SUCCEEDED", (st, dep.logs())
+    assert json.loads(out.read_text())["steps"] == steps
+    for rank in (2, 3):
+        seen = dep.cli.steps(job, rank=rank)
+        assert seen == list(range(1, steps + 1)), seen[-20:]
+
+
+def test_source_agent_crash_mid_migration_leaves_the_job_where_it_was(
+    healthy: Deployment, tmp_path: Path
+) -> None:
+    """kill -9 of the source's agent process during the transfer: its keeper starts it again,
+    the new agent re-adopts ranks 2 and 3 and the coordinator resumes them in place; nothing
+    of the job is left on c."""
+    dep = healthy
+    job = dep.cli.start_job(tmp_path / "out.json", *LONG, nodes="a,b")
+    dep.cli.wait_step(job, 20)
+    op = Op(dep, "migrate", job, "--node", "b", "--to", "c")
+    op.wait_phase("transfer")
+    old = dep.crash_agent("b")
+    code, res = op.result()
+    assert code == 16 and res["error"]["code"] == "migration_failed", res
+    dep.wait_restarted("b", old)
+    st = _wait_state(dep, job, {"RUNNING"})
+    assert st["nodes"] == ["a", "b"], st
+    _progresses(dep, job)
+    assert not _ranks_in(dep, "c")
+    assert not list((dep.home("c") / "work").glob("thaw-*")), "received images were left on c"
+    dep.cli.run("cancel", job)
