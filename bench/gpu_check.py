@@ -6,6 +6,10 @@ Three cases, each against an uninterrupted reference run of the same job:
           detected", so with one GPU the NCCL communicator's suspend/rebuild is checked alone)
   gloo2   two DDP ranks over gloo with CUDA tensors, sharing GPU 0 (two processes' GPU
           state checkpointed in parallel)
+  migrate two DDP ranks over gloo sharing GPU 0, rank 1 moved to a new sandbox on the same
+          GPU while rank 0 stays in memory: only rank 1 is GPU-checkpointed and dumped, its
+          images go through the agents' transfer (agent/handoff.py, minus gRPC), it is
+          restored and GPU-restored, and both ranks rebuild under one epoch
   steptime  what the hook costs between freezes: bench/hook_job.py (DDP over NCCL with small
           gradient buckets, one rank) under the hook vs plain, paired runs alternating which
           goes first; reports the median step times and the median per-pair ratio (no freeze)
@@ -269,6 +273,73 @@ def case(name: str, nproc: int, extra: list[str], a: argparse.Namespace, stage: 
     return res
 
 
+def migrate_case(a: argparse.Namespace, stage: GpuStage, fake: Any, work: Path) -> dict[str, Any]:
+    """Rank 1 of a 2-rank gloo job on one GPU moves to a new sandbox, rank 0 stays."""
+    from snapshotter.agent import handoff
+    from snapshotter.gpu.stage import sandbox_pids
+
+    args = ["--steps", str(a.steps), "--device", a.device, "--width", str(a.width),
+            "--layers", str(a.layers), "--step-sleep", str(a.step_sleep), "--backend", "gloo"]
+    env = {**os.environ, "PYTHONPATH": str(ROOT), "PYTHONUNBUFFERED": "1",
+           "CUBLAS_WORKSPACE_CONFIG": ":4096:8", "SNAPSHOTTER_HOLD_S": "120"}
+    res: dict[str, Any] = {"case": "migrate", "nproc": 2}
+    ref = Job(work, "migrate-ref", 2, args)
+    try:
+        ref.start(env)
+        reference = ref.results()
+    finally:
+        ref.close()
+    job = Job(work, "migrate-live", 2, args)
+    try:
+        job.start(env)
+        job.wait_step(a.freeze_at)
+        if fake is not None:
+            for sb in job.sandboxes:
+                fake.add_process(sandbox_pids(sb.pid)[0])
+        fid = f"m{uuid.uuid4().hex[:8]}"
+        t_park = time.monotonic()
+        job.quiesce(fid)
+        src = job.sandboxes[1]
+        hold = stage.freeze({1: src.pid})
+        images = work / "migrate-images" / "rank-1"
+        criu.dump(src.pid, images, leave_running=True, log_dir=work / "criu-logs" / "mig-dump")
+        t_dump = time.monotonic() - t_park
+        t0 = time.monotonic()
+        moved = work / "migrate-received" / "rank-1"
+        size = handoff.receive(handoff.pieces(images), moved, lambda n: None)
+        t_transfer = time.monotonic() - t0
+        recorded = {r: rg.gpus for r, rg in hold.ranks.items()}
+        gpu_bytes = hold.state_bytes()
+        src.kill()  # the source's copy ends; its GPU state stays checkpointed with it
+        src.wait(30)
+        mapping = stage.plan(recorded)
+        Path(job.inits[1]).mkdir(parents=True, exist_ok=True)
+        t1 = time.monotonic()
+        sb = criu.restore(moved, dict(src.io.inodes), log_dir=work / "criu-logs" / "mig-restore")
+        if fake is not None:
+            fake.add_process(sandbox_pids(sb.pid)[0],
+                             state=fake.CUprocessState.CU_PROCESS_STATE_CHECKPOINTED)
+        stage.thaw({1: sb.pid}, recorded, mapping)
+        t_restore = time.monotonic() - t1
+        ch, pump = job.channels[1], job.pumps[1]
+        job.sandboxes, job.channels, job.pumps = job.sandboxes[:1], job.channels[:1], job.pumps[:1]
+        job._attach(1, sb)
+        ch.close()
+        pump.join(timeout=5)
+        job.resume(fid, job.store)  # rank 0 never left memory; both rebuild under one epoch
+        downtime = time.monotonic() - t_park
+        live = job.results()
+    finally:
+        job.close()
+    res.update(
+        identical=[r["digest"] for r in live] == [r["digest"] for r in reference],
+        gpu_state_bytes=gpu_bytes, image_bytes=size, dump_s=round(t_dump, 3),
+        transfer_s=round(t_transfer, 3), restore_s=round(t_restore, 3),
+        downtime_s=round(downtime, 3),
+    )
+    return res
+
+
 def steptime_case(a: argparse.Namespace, work: Path, pairs: int) -> dict[str, Any]:
     """Median step time of one DDP rank with small buckets, plain vs under the hook."""
     import socket
@@ -322,7 +393,7 @@ def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--driver", choices=["cuda", "fake"], default="cuda")
     ap.add_argument("--device", default="cuda")
-    ap.add_argument("--case", choices=["single", "nccl", "gloo2", "steptime", "all"],
+    ap.add_argument("--case", choices=["single", "nccl", "gloo2", "migrate", "steptime", "all"],
                     default="all")  # fmt: skip
     ap.add_argument("--steptime-pairs", type=int, default=3)
     ap.add_argument("--steps", type=int, default=60)
@@ -367,6 +438,16 @@ def main() -> int:
         r["wall_s"] = round(time.monotonic() - t0, 1)
         out(**r)
         ok = ok and r["freeze_continue_identical"] and r["thaw_identical"]
+    if a.case in ("migrate", "all"):
+        t0 = time.monotonic()
+        try:
+            r = migrate_case(a, stage, fake, a.work / "migrate")
+            r["wall_s"] = round(time.monotonic() - t0, 1)
+            out(**r)
+            ok = ok and r["identical"]
+        except Exception as e:  # noqa: BLE001 - reported, the other cases still count
+            out(case="migrate", error=f"{type(e).__name__}: {e}"[-4000:])
+            ok = False
     if a.case in ("steptime", "all"):
         t0 = time.monotonic()
         try:  # a measurement, not a pass/fail check

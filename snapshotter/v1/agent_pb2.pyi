@@ -357,16 +357,22 @@ class ImagesRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., ticket: _Optional[str] = ..., stream: _Optional[str] = ...) -> None: ...
 
 class ImagePiece(_message.Message):
-    __slots__ = ("data", "sha256", "size", "last")
+    __slots__ = ("data", "sha256", "size", "last", "path", "dir", "file_size")
     DATA_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     SIZE_FIELD_NUMBER: _ClassVar[int]
     LAST_FIELD_NUMBER: _ClassVar[int]
+    PATH_FIELD_NUMBER: _ClassVar[int]
+    DIR_FIELD_NUMBER: _ClassVar[int]
+    FILE_SIZE_FIELD_NUMBER: _ClassVar[int]
     data: bytes
     sha256: str
     size: int
     last: bool
-    def __init__(self, data: _Optional[bytes] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., last: _Optional[bool] = ...) -> None: ...
+    path: str
+    dir: bool
+    file_size: int
+    def __init__(self, data: _Optional[bytes] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., last: _Optional[bool] = ..., path: _Optional[str] = ..., dir: _Optional[bool] = ..., file_size: _Optional[int] = ...) -> None: ...
 
 class ReceiveRequest(_message.Message):
     __slots__ = ("job_id", "freeze_id", "ticket", "source", "source_name", "streams")
