@@ -98,6 +98,7 @@ class MigrateOperation(FreezeOperation):
         recv = agent_pb2.ReceiveRequest(
             job_id=self.spec.job_id, freeze_id=self.freeze_id, ticket=ticket,
             source=src.address, source_name=src.name, streams=[r.stream for r in ranks],
+            bytes=image_bytes,
         )  # fmt: skip
         try:
             src.stub.OfferImages(agent_pb2.OfferRequest(

@@ -45,6 +45,20 @@ def check_ticket(offered: str, presented: str, node: str) -> None:
         )
 
 
+def check_room(where: Path, size: int, node: str, spare: float = 0.1) -> None:
+    """Raises: MigrationFailed unless the filesystem of `where` has `size` bytes free and a
+    tenth more (a full disk would fail the transfer half-way, after the job stalled for it)."""
+    where.mkdir(parents=True, exist_ok=True)
+    free = shutil.disk_usage(where).free
+    need = int(size * (1 + spare))
+    if free < need:
+        raise errors.MigrationFailed(
+            f"node {node} has {free / 2**30:.1f} GiB free in {where}, and the ranks' images "
+            f"need {need / 2**30:.1f} GiB",
+            "free disk there or migrate to another node; the job trains on where it was",
+        )
+
+
 def _entry_key(path: str, dir_: bool, size: int) -> bytes:
     return f"{path}\0{'d' if dir_ else size}\0".encode()
 

@@ -124,7 +124,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     def Receive(self, req: agent_pb2.ReceiveRequest, ctx: Any) -> Iterator[agent_pb2.FetchEvent]:
         return self.agent.thaws.receive(
             req.source, req.source_name, req.job_id, req.freeze_id, req.ticket,
-            list(req.streams),
+            list(req.streams), req.bytes,
         )  # fmt: skip
 
     def Status(self, req: common_pb2.JobRef, ctx: Any) -> agent_pb2.NodeJob:

@@ -104,13 +104,16 @@ class Thaws:
 
     def receive(
         self, source: str, source_name: str, job_id: str, freeze_id: str, ticket: str,
-        streams: list[str],
+        streams: list[str], size: int = 0,
     ) -> Iterator[agent_pb2.FetchEvent]:
-        """Take a migrating node's dumped rank images straight from its agent, every rank's
-        in parallel, each verified whole before it counts (agent/handoff.py): a migration's
-        fetch. Its op is restored like a thaw's."""
+        """Take a migrating node's dumped rank images (`size` bytes) straight from its agent,
+        every rank's in parallel, each verified whole before it counts (agent/handoff.py): a
+        migration's fetch. Its op is restored like a thaw's.
+
+        Raises: MigrationFailed at once when this node has no room for them."""
         op = f"thaw-{uuid.uuid4().hex[:12]}"
         work = self.paths.work_dir(op)
+        handoff.check_room(work.parent, size, self.node)
         t0 = time.monotonic()
         yield agent_pb2.FetchEvent(phase=common_pb2.PhaseEvent(phase="receive", node=self.node))
         client = agent_client(Target(source, tls=self.peer_tls, server_name=source_name),

@@ -375,17 +375,19 @@ class ImagePiece(_message.Message):
     def __init__(self, data: _Optional[bytes] = ..., sha256: _Optional[str] = ..., size: _Optional[int] = ..., last: _Optional[bool] = ..., path: _Optional[str] = ..., dir: _Optional[bool] = ..., file_size: _Optional[int] = ...) -> None: ...
 
 class ReceiveRequest(_message.Message):
-    __slots__ = ("job_id", "freeze_id", "ticket", "source", "source_name", "streams")
+    __slots__ = ("job_id", "freeze_id", "ticket", "source", "source_name", "streams", "bytes")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     FREEZE_ID_FIELD_NUMBER: _ClassVar[int]
     TICKET_FIELD_NUMBER: _ClassVar[int]
     SOURCE_FIELD_NUMBER: _ClassVar[int]
     SOURCE_NAME_FIELD_NUMBER: _ClassVar[int]
     STREAMS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     freeze_id: str
     ticket: str
     source: str
     source_name: str
     streams: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., ticket: _Optional[str] = ..., source: _Optional[str] = ..., source_name: _Optional[str] = ..., streams: _Optional[_Iterable[str]] = ...) -> None: ...
+    bytes: int
+    def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., ticket: _Optional[str] = ..., source: _Optional[str] = ..., source_name: _Optional[str] = ..., streams: _Optional[_Iterable[str]] = ..., bytes: _Optional[int] = ...) -> None: ...

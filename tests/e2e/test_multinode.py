@@ -253,9 +253,17 @@ def test_migrate_a_node_onto_a_spare_while_the_other_stays_in_memory(
     out = tmp_path / "out.json"
     job = cli.start_job(out, *PACED, nodes="a,b")
     cli.wait_step(job, 30)
+    # A migration while a freeze runs is refused, and the freeze goes on.
+    freeze = Op(deployment, "freeze", job)
+    freeze.wait_phase("dump")
+    p = cli.run("migrate", job, "--node", "b", "--to", "c", "--json", check=False)
+    assert p.returncode == 5 and "in progress" in p.stdout, (p.stdout, p.stderr)
+    code, res = freeze.result()
+    assert code == 0 and res["snapshot_id"], res
     for bad in (["--node", "b", "--to", "nowhere"], ["--node", "a", "--to", "c"],
                 ["--node", "b", "--to", "a"], ["--node", "x", "--to", "c"],
-                ["--rank", "3", "--to", "c"]):  # fmt: skip
+                ["--rank", "3", "--to", "c"],
+                ["--node", "b", "--to", "c", "--via-store"]):  # fmt: skip
         p = cli.run("migrate", job, *bad, "--json", check=False)
         assert p.returncode == 2, (bad, p.stdout, p.stderr)
         assert "Traceback" not in p.stderr

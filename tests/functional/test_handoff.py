@@ -96,3 +96,10 @@ def test_only_the_offered_ticket_reads() -> None:
             handoff.check_ticket(offered, presented, "b")
 
 
+
+
+def test_a_node_without_room_refuses_before_anything_moves(tmp_path: Path) -> None:
+    handoff.check_room(tmp_path / "work", 1 << 20, "c")
+    with pytest.raises(errors.MigrationFailed, match="node c has .* GiB free") as e:
+        handoff.check_room(tmp_path / "work", 1 << 60, "c")
+    assert "trains on where it was" in e.value.next_step
