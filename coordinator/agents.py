@@ -69,7 +69,8 @@ def on_all(
 
 def open_rdzv_req(spec: JobSpec) -> agent_pb2.OpenRdzvRequest:
     """OpenRdzv on node 0's agent: the job's rendezvous server, started with its Python."""
-    return agent_pb2.OpenRdzvRequest(job_id=spec.job_id, python=spec.python, env=spec.env)
+    return agent_pb2.OpenRdzvRequest(job_id=spec.job_id, python=spec.python, env=spec.env,
+                                     spare=spec.recovery.mode == "auto")  # fmt: skip
 
 
 def merge_streams(

@@ -1,6 +1,6 @@
 """Draining one job off a node that is going away (preemption, maintenance).
 
-migrate  --recover auto, the node not the job's node 0, a healthy node free: its ranks move
+migrate  --recover auto and a healthy node free: the node's ranks move
          there agent to agent while the others stay in memory (coordinator/migrate.py);
          if that fails, the job is left where it was and the freeze below follows
 freeze   freeze-and-stop, bounded by the grace period (quiesce gets half of what is left
@@ -41,7 +41,7 @@ def _await_idle(c: Coordinator, job_id: str, deadline: float) -> None:
 def _migrated(c: Coordinator, rec: JobRecord, node: str, deadline: float) -> pb.DrainedJob | None:
     """Move the job's ranks off `node` onto a healthy node (its other ranks stay in memory);
     None when a migration does not apply or failed (the job then runs as before)."""
-    if not rec.recovers or not rec.nodes or rec.nodes[0] == node:
+    if not rec.recovers or node not in rec.nodes:
         return None
     _await_idle(c, rec.spec.job_id, deadline)
     try:

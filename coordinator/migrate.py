@@ -13,19 +13,24 @@
 
 The other nodes' ranks never leave memory. Until the target's ranks rebuilt their
 communicators, the source's ranks are parked, not ended, so any failure puts them back where
-they were, running. Node 0 hosts the job's rendezvous server and is not moved (yet).
+they were, running. Moving node 0 moves the job's rendezvous server too: the target opens a
+new one during the transfer and every other node resumes against it (and tells its keeper,
+for a restarted agent); a restore that fails then cannot put the source back (the others
+were pointed at the new server), so the job is stopped everywhere, as a freeze that lost a
+node stops it.
 """
 
 from __future__ import annotations
 
 import secrets
+import threading
 import time
 from collections.abc import Callable, Iterator, Sequence
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
 from snapshotter import errors
 from snapshotter.coordinator import detect
-from snapshotter.coordinator.agents import AgentHandle, on_all
+from snapshotter.coordinator.agents import AgentHandle, on_all, open_rdzv_req
 from snapshotter.coordinator.decisions import JobPhase
 from snapshotter.coordinator.freeze import FreezeOperation, FreezeSettings
 from snapshotter.launch.spec import JobSpec
@@ -68,6 +73,7 @@ class MigrateOperation(FreezeOperation):
         self.target = target
         self._on_moved = on_moved
         self._op = ""
+        self._opening = False
         self._done = pb.MigrateEvent()
 
     def events(self) -> Iterator[pb.MigrateEvent]:
@@ -82,6 +88,7 @@ class MigrateOperation(FreezeOperation):
         s = self.settings
         job = common_pb2.JobRef(job_id=self.spec.job_id)
         rdzv = self.agents[0].stub.Status(job, timeout=10).rdzv
+        moves_rdzv = self.source_rank == 0
         yield from self._quiesce()
 
         src, dst = self.source, self.target
@@ -94,6 +101,11 @@ class MigrateOperation(FreezeOperation):
         yield pb.FreezeEvent(phase=common_pb2.PhaseEvent(phase="transfer", node=dst.name,
                                                          bytes=image_bytes))  # fmt: skip
         t = time.monotonic()
+        opened: dict[str, Any] = {}
+        opener = threading.Thread(target=self._open_rdzv, args=(opened,), daemon=True)
+        if moves_rdzv:  # the target's server imports the job's torch while the bytes move
+            self._opening = True
+            opener.start()
         ticket = secrets.token_urlsafe(32)
         recv = agent_pb2.ReceiveRequest(
             job_id=self.spec.job_id, freeze_id=self.freeze_id, ticket=ticket,
@@ -119,6 +131,14 @@ class MigrateOperation(FreezeOperation):
                 _RETRY,
             ) from e
         transfer_s = time.monotonic() - t
+        if moves_rdzv:
+            opener.join()
+            if "error" in opened:
+                raise errors.MigrationFailed(
+                    f"node {dst.name} could not start the job's rendezvous server: "
+                    f"{opened['error']}", _RETRY,
+                ) from opened["error"]  # fmt: skip
+            rdzv = opened["rdzv"]
 
         yield pb.FreezeEvent(phase=common_pb2.PhaseEvent(phase="restore", node=dst.name))
         restore = agent_pb2.RestoreRequest(
@@ -126,23 +146,30 @@ class MigrateOperation(FreezeOperation):
             timeout_s=s.resume_timeout, rdzv=rdzv, epoch=self.freeze_id, put_back_files=True,
         )  # fmt: skip
         resume = self._phase_req(s.resume_timeout)
+        moved = agent_pb2.PhaseRequest()
+        moved.CopyFrom(resume)
+        if moves_rdzv:
+            moved.rdzv.CopyFrom(rdzv)
         others = [a for a in self.agents if a is not src]
         self._resumed = True  # from here on, every failure is handled below
 
         def step(a: AgentHandle) -> object:
             if a is dst:
                 return dst.stub.Restore(restore, timeout=None)
-            return a.stub.Resume(resume, timeout=s.resume_timeout + 10)
+            return a.stub.Resume(moved, timeout=s.resume_timeout + 10)
 
         def put_back(failed: AgentHandle, e: BaseException) -> None:
             # The others wait for the moved ranks under this epoch: the source's parked
-            # ranks join them instead, where they were.
-            if failed is dst:
+            # ranks join them instead, where they were (not when the others were pointed at
+            # a new rendezvous server: then they are stopped at once, not at their deadline).
+            if failed is dst and not moves_rdzv:
                 src.stub.Resume(resume, timeout=s.resume_timeout + 10)
+            elif failed is dst:
+                on_all(others, lambda a: a.stub.Cancel(job, timeout=60))
 
         out = on_all([dst, *others], step, first_failure=put_back)
         if out.failures:
-            self._fail_after_restore(out.failures, dst)
+            self._fail_after_restore(out.failures, dst, put_back=not moves_rdzv)
         restored = out.results[dst.name]
         assert isinstance(restored, agent_pb2.RestoreReply)
         downtime_s = time.monotonic() - self._t_park
@@ -181,13 +208,15 @@ class MigrateOperation(FreezeOperation):
                 "check that node's agent (`snapshotter nodes`)",
             ) from e
 
-    def _fail_after_restore(self, failures: dict[str, BaseException], dst: AgentHandle) -> None:
+    def _fail_after_restore(
+        self, failures: dict[str, BaseException], dst: AgentHandle, put_back: bool
+    ) -> None:
         """The target's restore or another node's resume failed: if every rank but the
         target's resumed (the source's in place), the job trains on where it was."""
         job = common_pb2.JobRef(job_id=self.spec.job_id)
         first = next(iter(failures.values()))
         cause = first.cause if isinstance(first, errors.SnapshotterError) else str(first)
-        if set(failures) == {dst.name}:
+        if put_back and set(failures) == {dst.name}:
             for a in self.agents:
                 self._finish(a, stop=False)
             self._prepared = []
@@ -203,7 +232,19 @@ class MigrateOperation(FreezeOperation):
             f"thaw its latest snapshot (`snapshotter list --job {self.spec.job_id}`)",
         ) from first
 
+    def _open_rdzv(self, out: dict[str, Any]) -> None:
+        try:
+            out["rdzv"] = self.target.stub.OpenRdzv(open_rdzv_req(self.spec), timeout=90)
+        except BaseException as e:  # noqa: BLE001 - raised before the restore
+            out["error"] = e
+
     def _recover(self, cause: BaseException) -> str:
+        if self._opening:  # a rendezvous server opened for the moved node 0, never claimed
+            try:
+                self.target.stub.CloseRdzv(common_pb2.JobRef(job_id=self.spec.job_id),
+                                           timeout=30)  # fmt: skip
+            except errors.SnapshotterError:
+                pass  # the target is gone, or its housekeeping stops it
         if self._op:
             try:
                 self.target.stub.DiscardFetch(agent_pb2.FetchRef(op=self._op), timeout=30)
@@ -285,12 +326,6 @@ def _check(c: Coordinator, req: pb.MigrateRequest, nodes: list[str]) -> tuple[in
             "migrate onto a node the job does not use (`snapshotter nodes`)",
         )
     source = nodes.index(req.node)
-    if source == 0:
-        raise errors.InvalidArgument(
-            f"node {req.node} is the job's node 0, which hosts its rendezvous server: it "
-            "cannot be migrated yet",
-            "freeze the job and thaw it onto other nodes instead",
-        )
     if req.to in c.draining:
         raise errors.InvalidArgument(f"node {req.to} is being drained", "choose another node")
     target = c.live_agents().get(req.to)

@@ -24,6 +24,8 @@ Requests are one JSON object per SOCK_SEQPACKET message (fds ride along), answer
     {"op":"fetch","key":K}                 -> {"ok":true} + fds [ctl_in, ctl_out]
     {"op":"release","key":K}               -> {"ok":true}
     {"op":"respec","job_id":J,"job":{...}} -> {"ok":true,"changed":N}  (meta.job of J's ranks)
+    {"op":"rerdzv","job_id":J,"remote_rdzv":[H,P]} -> {"ok":true,"changed":N}
+                                           (where J's rendezvous server is now: it moved)
 
 It imports nothing but the standard library and snapshotter.sandbox.spawn's subreaper call:
 it must stay small, and it is never upgraded while jobs run.
@@ -255,6 +257,14 @@ class Keeper:
                     if not h.released and h.meta.get("job", {}).get("job_id") == job_id]
             for h in mine:
                 h.meta["job"] = dict(msg["job"])
+            return {"ok": True, "changed": len(mine)}, []
+        if op == "rerdzv":  # the job's rendezvous server moved (node 0 migrated)
+            job_id = str(msg["job_id"])
+            mine = [h for h in self.held.values()
+                    if not h.released and h.meta.get("job", {}).get("job_id") == job_id]
+            for h in mine:
+                h.meta["remote_rdzv"] = list(msg["remote_rdzv"])
+                h.meta["rdzv_port"] = None
             return {"ok": True, "changed": len(mine)}, []
         if op == "release":
             gone = self.held.get(str(msg["key"]))

@@ -76,6 +76,12 @@ class KeeperClient:
         """The spec a restarted agent re-adopts `job_id` with; how many ranks it changed."""
         return int(self._call({"op": "respec", "job_id": job_id, "job": spec})[0]["changed"])
 
+    def rerdzv(self, job_id: str, host: str, port: int) -> int:
+        """Where a restarted agent's re-adopted ranks of `job_id` find its rendezvous server
+        now (node 0 moved); how many ranks it changed."""
+        msg = {"op": "rerdzv", "job_id": job_id, "remote_rdzv": [host, port]}
+        return int(self._call(msg)[0]["changed"])
+
     def release(self, key: str) -> None:
         with contextlib.suppress(errors.SnapshotterError):
             self._call({"op": "release", "key": key})

@@ -45,6 +45,7 @@ from snapshotter.config import Paths, local_copy_bytes
 from snapshotter.gpu import auto_health, auto_stage
 from snapshotter.gpu.health import GpuFault, GpuHealth, fault_proto
 from snapshotter.gpu.stage import GpuStage
+from snapshotter.launch.env import RdzvAddress
 from snapshotter.procutil import resources
 from snapshotter.rpc.tls import TlsFiles
 from snapshotter.sandbox import children
@@ -221,6 +222,22 @@ class NodeAgent:
                 log.warning("job %s: the keeper keeps its launch policy (%s)", job_id, e)
         return job
 
+    def move_rdzv(self, job_id: str, addr: RdzvAddress) -> None:
+        """The job's rendezvous server moved (its node 0 migrated): this node's ranks resume
+        against `addr` from now on, also after this agent restarts."""
+        job = self.jobs.get(job_id)
+        if job.rdzv is not None:
+            raise errors.InvalidArgument(
+                f"node {self.settings.name} hosts job {job_id}'s rendezvous server itself",
+                "only the other nodes are told where it moved",
+            )
+        job.remote_rdzv = addr
+        if self.keeper is not None and job.ranks:
+            try:
+                self.keeper.rerdzv(job_id, addr.host, addr.port)
+            except errors.SnapshotterError as e:  # an older keeper: the next agent is told anew
+                log.warning("job %s: the keeper keeps the old rendezvous address (%s)", job_id, e)
+
     def logs(
         self, job_id: str, rank: int | None, offset: int, follow: bool
     ) -> Iterator[common_pb2.LogChunk]:
@@ -272,6 +289,7 @@ class NodeAgent:
                 self.copies.drop_job(j.spec.job_id)
         for job_id in self.rdzv.expire(r.unclaimed_store_s):
             log.warning("stopped the rendezvous server opened for job %s: never claimed", job_id)
+        self.rdzv.expire_spares(set(self.jobs.running_ids()), r.unclaimed_store_s)
         for op in self.thaws.expire(r.stale_fetch_s):
             log.warning("dropped thaw %s: fetched but never restored nor discarded", op)
         root = self.paths.criu_logs("x").parent

@@ -51,7 +51,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         return self.agent.info()
 
     def OpenRdzv(self, req: agent_pb2.OpenRdzvRequest, ctx: Any) -> common_pb2.Endpoint:
-        addr = self.agent.rdzv.open(req.job_id, req.python, dict(req.env))
+        addr = self.agent.rdzv.open(req.job_id, req.python, dict(req.env), spare=req.spare)
         return common_pb2.Endpoint(host=addr.host, port=addr.port)
 
     def CloseRdzv(self, req: common_pb2.JobRef, ctx: Any) -> common_pb2.Empty:
@@ -84,6 +84,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         return self.agent.freezes.dump(req.job_id, req.freeze_id)
 
     def Resume(self, req: agent_pb2.PhaseRequest, ctx: Any) -> common_pb2.Empty:
+        if req.HasField("rdzv"):
+            self.agent.move_rdzv(req.job_id, RdzvAddress(req.rdzv.host, req.rdzv.port))
         self.agent.freezes.resume(req.job_id, req.freeze_id, _timeout(req.timeout_s, 120))
         return common_pb2.Empty()
 

@@ -16,7 +16,7 @@ class JobPolicy(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., policy: _Optional[_Union[_common_pb2.Policy, _Mapping]] = ...) -> None: ...
 
 class OpenRdzvRequest(_message.Message):
-    __slots__ = ("job_id", "python", "env")
+    __slots__ = ("job_id", "python", "env", "spare")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -27,10 +27,12 @@ class OpenRdzvRequest(_message.Message):
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     PYTHON_FIELD_NUMBER: _ClassVar[int]
     ENV_FIELD_NUMBER: _ClassVar[int]
+    SPARE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     python: str
     env: _containers.ScalarMap[str, str]
-    def __init__(self, job_id: _Optional[str] = ..., python: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ...) -> None: ...
+    spare: bool
+    def __init__(self, job_id: _Optional[str] = ..., python: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., spare: _Optional[bool] = ...) -> None: ...
 
 class LaunchRequest(_message.Message):
     __slots__ = ("spec", "node_rank", "rdzv")
@@ -81,14 +83,16 @@ class FreezeRef(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ...) -> None: ...
 
 class PhaseRequest(_message.Message):
-    __slots__ = ("job_id", "freeze_id", "timeout_s")
+    __slots__ = ("job_id", "freeze_id", "timeout_s", "rdzv")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     FREEZE_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    RDZV_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     freeze_id: str
     timeout_s: float
-    def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+    rdzv: _common_pb2.Endpoint
+    def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., timeout_s: _Optional[float] = ..., rdzv: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ...) -> None: ...
 
 class PrepareRequest(_message.Message):
     __slots__ = ("job_id", "freeze_id", "timeout_s")

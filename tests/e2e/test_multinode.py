@@ -182,8 +182,9 @@ def test_policy_snapshots_a_lost_node_replaced_by_a_spare_and_a_drain(
 ) -> None:
     """On a 2x2 job with a policy and --recover auto: snapshots on schedule, retention keeps 2
     and their chunks are gone from the store; kill -9 of node b's agent and ranks: thawed onto
-    the spare c; then node a's agent gets SIGTERM (a preemption): it drains itself, the job is
-    frozen and thawed onto b and c; the run ends with the parameters of an uninterrupted one."""
+    the spare c; then node a's agent gets SIGTERM (a preemption): it drains itself, and its
+    ranks (node 0's, with the job's rendezvous server) migrate to b while c's stay in memory;
+    the run ends with the parameters of an uninterrupted one."""
     cli = deployment.cli
     out = tmp_path / "out.json"
     p = cli.run("run", "--detach", "--nnodes", "2", "--nproc-per-node", "2", "--nodes", "a,b",
@@ -229,10 +230,13 @@ def test_policy_snapshots_a_lost_node_replaced_by_a_spare_and_a_drain(
         # Node a is preempted: its agent gets SIGTERM and drains itself before it stops.
         deployment.agents["a"].send_signal(signal.SIGTERM)
         assert deployment.agents["a"].wait(180) == 0
+        # Node 0's ranks (and the job's rendezvous server) migrate to b; c's stay in memory.
         preempted = events("preempted")[0]
-        assert preempted["snapshot_id"] and "frozen and stopped" in preempted["detail"], preempted
-        moved = events("recovered")[-1]
-        assert moved["cause"] == "preempted" and moved["nodes"] == ["b", "c"], moved
+        assert "ranks moved to b" in preempted["detail"], preempted
+        assert not preempted["snapshot_id"], preempted
+        (moved,) = events("migrated")
+        assert moved["nodes"] == ["b", "c"], moved
+        assert cli.json("status", job)["nodes"] == ["b", "c"]
         st = cli.wait(job)
         assert st["state"] == "SUCCEEDED", (st, deployment.logs())
         assert read_json(out) == reference
@@ -260,7 +264,7 @@ def test_migrate_a_node_onto_a_spare_while_the_other_stays_in_memory(
     assert p.returncode == 5 and "in progress" in p.stdout, (p.stdout, p.stderr)
     code, res = freeze.result()
     assert code == 0 and res["snapshot_id"], res
-    for bad in (["--node", "b", "--to", "nowhere"], ["--node", "a", "--to", "c"],
+    for bad in (["--node", "b", "--to", "nowhere"],
                 ["--node", "b", "--to", "a"], ["--node", "x", "--to", "c"],
                 ["--rank", "3", "--to", "c"],
                 ["--node", "b", "--to", "c", "--via-store"]):  # fmt: skip

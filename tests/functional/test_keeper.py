@@ -85,6 +85,12 @@ def test_pipes_outlive_the_agent_and_come_back(
     assert client.respec("other", {"job_id": "other"}) == 0
     (held,) = client.held()
     assert held["meta"] == {"job": {"job_id": "job", "policy": {"keep": 3}}}
+    # Its node 0 migrated: the next agent resumes the ranks against the moved server.
+    assert client.rerdzv("job", "10.0.0.9", 4242) == 1
+    assert client.rerdzv("other", "10.0.0.9", 4242) == 0
+    (held,) = client.held()
+    assert held["meta"]["remote_rdzv"] == ["10.0.0.9", 4242]
+    assert held["meta"]["rdzv_port"] is None
     _until(lambda: client.exit_code(rank) is not None, timeout=30)
     assert client.exit_code(rank) == 7
 
