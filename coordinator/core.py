@@ -9,6 +9,7 @@ functions in decisions.py; the phased operations are freeze.py and thaw.py.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import os
 import threading
@@ -537,19 +538,7 @@ class Coordinator:
         """`prepare_timeout`: how long a rank may take to report its counts (the supervisor's
         freezes give little: a rank that cannot answer at once is stopped or hung)."""
         rec = self._job(req.job_id)
-        if not rec.lock.acquire(blocking=False):
-            raise errors.FreezeRefused(
-                f"another freeze or thaw of job {rec.spec.job_id} is in progress",
-                "wait for it to finish (`snapshotter status`), then retry",
-            )
-        try:
-            phase = self._phase(rec)
-            if phase is not JobPhase.RUNNING:
-                raise errors.FreezeRefused(
-                    f"job {rec.spec.job_id} is {phase.value}; only a running job can be frozen",
-                    "`snapshotter list` shows its snapshots; `snapshotter thaw` resumes one",
-                )
-            rec.busy = JobPhase.FREEZING.value
+        with self.holding(rec, JobPhase.FREEZING):
             timeout = req.quiesce_timeout_s if req.HasField("quiesce_timeout_s") else None
             settings = FreezeSettings(
                 quiesce_timeout=timeout or FreezeSettings.quiesce_timeout,
@@ -578,6 +567,26 @@ class Coordinator:
             finally:
                 with self._lock:
                     self.writing.discard(op.snapshot_id)
+
+    @contextlib.contextmanager
+    def holding(self, rec: JobRecord, busy: JobPhase) -> Iterator[None]:
+        """Hold a running job for one operation (a freeze, a migration): refused while
+        another holds it, or when the job is not running."""
+        verb = {JobPhase.FREEZING: "frozen", JobPhase.MIGRATING: "migrated"}[busy]
+        if not rec.lock.acquire(blocking=False):
+            raise errors.FreezeRefused(
+                f"another freeze, thaw or migration of job {rec.spec.job_id} is in progress",
+                "wait for it to finish (`snapshotter status`), then retry",
+            )
+        try:
+            phase = self._phase(rec)
+            if phase is not JobPhase.RUNNING:
+                raise errors.FreezeRefused(
+                    f"job {rec.spec.job_id} is {phase.value}; only a running job can be {verb}",
+                    "`snapshotter list` shows its snapshots; `snapshotter thaw` resumes one",
+                )
+            rec.busy = busy.value
+            yield
         finally:
             rec.busy = None
             rec.lock.release()

@@ -257,19 +257,7 @@ def migrate(c: Coordinator, req: pb.MigrateRequest) -> Iterator[pb.MigrateEvent]
     """Move the ranks of node `req.node` of a running job onto node `req.to`."""
     rec = c.job(req.job_id)
     source, target = _check(c, req, rec.nodes)
-    if not rec.lock.acquire(blocking=False):
-        raise errors.FreezeRefused(
-            f"a freeze, thaw or migration of job {rec.spec.job_id} is in progress",
-            "wait for it to finish (`snapshotter status`), then retry",
-        )
-    try:
-        phase = c.phase_of(rec)
-        if phase is not JobPhase.RUNNING:
-            raise errors.FreezeRefused(
-                f"job {rec.spec.job_id} is {phase.value}; only a running job can be migrated",
-                "`snapshotter status` shows it",
-            )
-        rec.busy = JobPhase.MIGRATING.value
+    with c.holding(rec, JobPhase.MIGRATING):
         timeout = req.quiesce_timeout_s if req.HasField("quiesce_timeout_s") else None
         settings = FreezeSettings(quiesce_timeout=timeout or FreezeSettings.quiesce_timeout)
         handles = c.job_handles(rec)
@@ -295,9 +283,6 @@ def migrate(c: Coordinator, req: pb.MigrateRequest) -> Iterator[pb.MigrateEvent]
                 # It held collectives on purpose: no rank was hung meanwhile.
                 rec.life.progress = detect.reset(rec.life.progress, time.monotonic())
             yield ev
-    finally:
-        rec.busy = None
-        rec.lock.release()
 
 
 def _check(c: Coordinator, req: pb.MigrateRequest, nodes: list[str]) -> tuple[int, AgentHandle]:

@@ -75,7 +75,7 @@ def test_concurrent_freeze_refused_and_quiesce_deadline(snap: SnapCli, tmp_path:
         assert any("quiesce" in s for s in seen), seen
         second = snap.run("freeze", job, check=False)
         assert second.returncode == 5, second.stderr
-        assert "another freeze or thaw of job" in second.stderr
+        assert "another freeze, thaw or migration of job" in second.stderr
         rest = first.stderr.read()
         first.wait(60)
     finally:
