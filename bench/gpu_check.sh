@@ -1,6 +1,8 @@
 #!/usr/bin/env bash
 # Device check for the GPU path (issue 4): freeze+thaw a single-process CUDA job and a
-# 2-rank NCCL DDP job sharing GPU 0; each must finish bit-identical to an uninterrupted run.
+# 2-rank NCCL DDP job sharing GPU 0, and migrate one rank of a 2-rank gloo job on GPU 0 to a
+# new sandbox while the other stays in memory (issue 12); each must finish bit-identical to
+# an uninterrupted run.
 # Prints one JSON line per case (GB/s of GPU state captured/restored, stall) and a summary.
 #
 # The device machine has torch + cuda-python but no package registry and no CRIU, so CRIU,
@@ -9,12 +11,13 @@
 #   # on the dev machine, once (about 15 MB):
 #   bash bench/gpu_check.sh --pack
 #   # then with the device tool:
-#   run(command="bash bench/gpu_check.sh", carry=["build/device"], timeout_s=540)
+#   run(command="bash bench/gpu_check.sh", carry=["build/device"], timeout_s=600)
 #
 # Rehearsal without a GPU (same orchestration, fake driver, CPU + gloo):
 #   bash bench/gpu_check.sh --rehearse
 #
-# Budget: three cases x (reference + freeze-continue + thaw) of a ~0.5 GB-parameter job (8
+# Budget: three cases x (reference + freeze-continue + thaw) and the migration (reference +
+# migrate) of a ~0.5 GB-parameter job (8
 # layers x 4096^2 fp32 plus grads and AdamW state, ~2 GB of GPU state per rank); 3-5 minutes.
 # Rank logs and CRIU logs come back as $OUT/gpu-check-logs.tgz when $OUT is set.
 set -euo pipefail
@@ -58,7 +61,7 @@ timeout 180 "$PY" -m snapshotter.hook.native --build 2>&1 | tail -3 || true
 timeout 150 "$PY" bench/gpu_preflight.py || true
 timeout 30 "$PY" bench/gpu_health_check.py || true   # NVML: XID/ECC watcher on the real GPU
 rc=0
-timeout 420 "$PY" bench/gpu_check.py --driver cuda --device cuda "$@" || rc=$?
+timeout 480 "$PY" bench/gpu_check.py --driver cuda --device cuda "$@" || rc=$?
 if [[ -n "${OUT:-}" && -d /tmp/snapshotter-gpu-check ]]; then
     tar -C /tmp/snapshotter-gpu-check --exclude='*-images' -czf "$OUT/gpu-check-logs.tgz" . || true
 fi

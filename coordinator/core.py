@@ -58,8 +58,10 @@ class JobRecord:
     snapshots: list[str] = field(default_factory=list)
     thawed_from: str | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)
-    # Wall time the job was first seen finished (None while it is not).
+    # Wall time the job was first seen finished (None while it is not), and how it ended: a
+    # restarted agent no longer knows a finished job, which must not make it look running.
     ended: float | None = None
+    final: JobPhase | None = None
     life: JobLife = field(default_factory=JobLife)
 
     @property
@@ -347,9 +349,14 @@ class Coordinator:
         if views is None:
             views = self._node_views(rec)
         life = rec.life
-        phase = supervised_phase(job_phase(rec.busy, [v.state for v in views]), rec.busy,
-                                 rec.recovers, life.recovering, bool(life.gave_up),
-                                 life.cancelled)  # fmt: skip
+        states = [v.state for v in views]
+        raw = job_phase(rec.busy, states)
+        if rec.busy is None and rec.final is not None and set(states) == {"UNREACHABLE"}:
+            raw = rec.final  # its agents restarted since, and forgot it
+        if raw.terminal:
+            rec.final = raw
+        phase = supervised_phase(raw, rec.busy, rec.recovers, life.recovering,
+                                 bool(life.gave_up), life.cancelled)  # fmt: skip
         # When it was first seen finished (a thaw under the same id makes it live again).
         rec.ended = (rec.ended or time.time()) if phase.terminal else None
         return phase
@@ -520,6 +527,20 @@ class Coordinator:
     def jobs_on(self, node: str) -> list[JobRecord]:
         with self._lock:
             return [r for r in self._jobs.values() if node in r.nodes]
+
+    def holds(self, node: str, rec: JobRecord) -> bool:
+        """Whether the agent of `node` holds the job (or is busy with it: a thaw), as far as
+        it answers (one that does not may still hold it)."""
+        a = self.live_agents().get(node)
+        if a is None or rec.busy is not None:
+            return True
+        try:
+            a.stub.Status(common_pb2.JobRef(job_id=rec.spec.job_id), timeout=10)
+        except errors.JobNotFound:
+            return False
+        except errors.SnapshotterError:
+            return True
+        return True
 
     def drain_mark(self, node: str) -> None:
         """Nothing new is placed on `node` (`undrain` undoes it)."""

@@ -132,8 +132,9 @@ def drain_node(c: Coordinator, req: pb.DrainRequest) -> pb.DrainReply:
     if grace <= 0:
         raise errors.InvalidArgument(f"--grace {grace} must be positive", "give seconds > 0")
     c.drain_mark(node)
-    # A job in a freeze or thaw (a policy snapshot, a recovery) is drained too, once that ends.
-    running = [r for r in c.jobs_on(node) if c.phase_of(r) in DRAINED]
+    # A job in a freeze or thaw (a policy snapshot, a recovery) is drained too, once that ends;
+    # one the node's agent does not hold (it restarted and forgot it) has nothing there.
+    running = [r for r in c.jobs_on(node) if c.phase_of(r) in DRAINED and c.holds(node, r)]
     out = parallel.each(running, lambda r: drain_job(c, r, node, grace),
                         key=lambda r: r.spec.job_id, name="drain")  # fmt: skip
     reply = pb.DrainReply(node=node)

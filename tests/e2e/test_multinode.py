@@ -291,6 +291,8 @@ def test_migrate_a_node_onto_a_spare_while_the_other_stays_in_memory(
     done = cli.wait(job)
     assert done["state"] == "SUCCEEDED", (done, deployment.logs())
     assert read_json(out) == reference
+    # Finished jobs stay finished, also those whose agents restarted since (earlier tests).
+    assert [j for j in cli.json("jobs")["jobs"] if j["state"] == "RUNNING"] == []
     for rank in (2, 3):
         steps = cli.steps(job, rank=rank)
         assert steps == list(range(1, STEPS + 1)), steps[-20:]
@@ -316,6 +318,7 @@ def test_a_drain_under_recover_auto_migrates_instead_of_freezing(
         res = cli.json("drain", "b")
     finally:
         cli.run("drain", "b", "--undo")
+    # Only this job: jobs of earlier tests whose agents restarted since are not b's any more.
     (drained,) = res["jobs"]
     assert drained["migrated"] and drained["thawed_on"] == ["a", "c"], drained
     assert not drained["snapshot_id"] and not drained["fallback"], drained
