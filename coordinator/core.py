@@ -48,6 +48,8 @@ from snapshotter.v1 import agent_pb2, common_pb2, coordinator_pb2
 log = logging.getLogger(__name__)
 pb = coordinator_pb2
 WEEK_S = 7 * 24 * 3600.0
+# Node states of a job that ended: it ended there, or that node's agent forgot it.
+_GONE_OR_ENDED = frozenset({"UNREACHABLE", "SUCCEEDED", "FAILED", "CANCELLED", "FROZEN"})
 
 
 @dataclass
@@ -351,8 +353,8 @@ class Coordinator:
         life = rec.life
         states = [v.state for v in views]
         raw = job_phase(rec.busy, states)
-        if rec.busy is None and rec.final is not None and set(states) == {"UNREACHABLE"}:
-            raw = rec.final  # its agents restarted since, and forgot it
+        if rec.busy is None and rec.final is not None and set(states) <= _GONE_OR_ENDED:
+            raw = rec.final  # some of its agents restarted since, and forgot it
         if raw.terminal:
             rec.final = raw
         phase = supervised_phase(raw, rec.busy, rec.recovers, life.recovering,
