@@ -136,6 +136,16 @@ def local_copy_bytes(home: Path) -> int:
     return st.f_blocks * st.f_frsize // 4
 
 
+def rdzv_spares() -> int:
+    """SNAPSHOTTER_RDZV_SPARES (default 0): how many standby rendezvous servers (each a Python
+    that imported torch) an agent keeps for the next thaw of `--recover auto` jobs whose node 0
+    it is, so a recovery there does not wait for the import.
+
+    Raises: InvalidArgument if it is not a whole number in 0..16.
+    """
+    return _whole_number("SNAPSHOTTER_RDZV_SPARES", "0", "set a number from 0 to 16", top=16)
+
+
 def upload_nice() -> int:
     """SNAPSHOTTER_UPLOAD_NICE (default 19).
 

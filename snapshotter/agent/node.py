@@ -41,7 +41,7 @@ from snapshotter.agent.retention import Retention, dirs_to_prune
 from snapshotter.agent.runtime import JobTable, NodeJob, NodeJobState
 from snapshotter.agent.sandboxes import Sandboxes
 from snapshotter.agent.thaw import Thaws
-from snapshotter.config import Paths, local_copy_bytes
+from snapshotter.config import Paths, local_copy_bytes, rdzv_spares
 from snapshotter.gpu import auto_health, auto_stage
 from snapshotter.gpu.health import GpuFault, GpuHealth, fault_proto
 from snapshotter.gpu.stage import GpuStage
@@ -113,7 +113,7 @@ class NodeAgent:
         name, env = settings.name, dict(settings.network_env)
         self.jobs = JobTable(name)
         self.sandboxes = Sandboxes(self.paths, self.keeper)
-        self.rdzv = RdzvHost(settings.host)
+        self.rdzv = RdzvHost(settings.host, rdzv_spares())
         self.launcher = Launcher(
             name, self.paths, self.jobs, self.sandboxes, self.rdzv, settings.policy, env,
             settings.netns, settings.private_tmp,

@@ -119,6 +119,13 @@ class RdzvServer:
                 f.close()
 
 
+_IMPORT_ENV = ("PATH", "PYTHONPATH", "PYTHONHOME", "LD_LIBRARY_PATH", "VIRTUAL_ENV")
+
+
+def _imports(env: Mapping[str, str]) -> dict[str, str | None]:
+    return {k: env.get(k) for k in _IMPORT_ENV}
+
+
 @dataclass
 class _Spare:
     server: RdzvServer
@@ -132,7 +139,7 @@ class RdzvHost:
     ready for the next thaw of jobs that recover by themselves (at most `max_spares`, the
     newest jobs': each is a Python that imported torch)."""
 
-    def __init__(self, host: str, max_spares: int = 2) -> None:
+    def __init__(self, host: str, max_spares: int = 0) -> None:
         self.host = host
         self.max_spares = max_spares
         self._lock = threading.Lock()
@@ -173,7 +180,9 @@ class RdzvHost:
             sp = self._spares.pop(job_id, None)
         if sp is None:
             return None
-        if sp.python == python and sp.env == dict(env) and sp.server.alive():
+        # The same interpreter and import path (a thaw's spec leaves out what a snapshot must
+        # not keep, such as secrets, which a store server does not read).
+        if sp.python == python and _imports(sp.env) == _imports(env) and sp.server.alive():
             return sp.server
         sp.server.stop()
         return None
