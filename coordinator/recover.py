@@ -106,7 +106,8 @@ def recover(c: Coordinator, rec: JobRecord, failure: detect.Failure) -> None:
 def phase_times(stop_s: float, stats: pb.ThawStats | None) -> str:
     """Where a recovery's time went, for its event: ending what was left of the job, then the
     thaw and its phases (the slowest node's; fetch includes checking a local copy; the rest of
-    the thaw is mostly the wait for node 0's rendezvous server, 1.3 s of a 2.5 s thaw here).
+    the thaw is mostly the wait for node 0's rendezvous server, 1.3 s of a 2.5 s thaw here,
+    unless that agent keeps a standby one: SNAPSHOTTER_RDZV_SPARES).
     `stats` is None for a relaunch from the start."""
     out = f"stop {stop_s:.1f}s"
     if stats is not None:
