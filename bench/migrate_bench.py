@@ -23,10 +23,8 @@ from __future__ import annotations
 
 import argparse
 import json
-import signal
 import statistics
 import sys
-import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -34,15 +32,14 @@ from typing import Any
 ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 
-from bench.multinode_bench import _first_new_step  # noqa: E402
+from bench.multinode_bench import _first_new_step, on_cluster  # noqa: E402
 from tests.support.multinode import Deployment  # noqa: E402
-from tests.support.netns import Cluster  # noqa: E402
 from tests.support.seaweed import SeaweedServer  # noqa: E402
 
 ARGS = ("--steps", "100000", "--step-sleep", "0.02")
 
 
-def one_round(dep: Deployment, work: Path, i: int) -> dict[str, Any]:
+def one_round(dep: Deployment, server: SeaweedServer, work: Path, i: int) -> dict[str, Any]:
     cli = dep.cli
     job = cli.start_job(work / f"out-{i}.json", *ARGS, nodes="a,b")
     try:
@@ -83,23 +80,7 @@ def main() -> int:
     ap.add_argument("--rounds", type=int, default=3)
     ap.add_argument("--json", type=Path, default=None)
     a = ap.parse_args()
-    # SIGTERM unwinds like Ctrl-C: the finally blocks remove the namespaces and servers.
-    signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
-    rounds: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="snapshotter-migrate-bench-") as tmp:
-        work = Path(tmp)
-        with Cluster(["ctl", "a", "b", "c"]) as cluster:
-            server = SeaweedServer(ip=cluster.host_ip).start()
-            dep = Deployment(cluster, work / "dep", f"s3://{server.bucket}/bench", server.env())
-            try:
-                dep.start(["a", "b", "c"])
-                for i in range(a.rounds):
-                    r = one_round(dep, work, i)
-                    rounds.append(r)
-                    print(json.dumps({"round": i, **r}), flush=True)
-            finally:
-                dep.close()
-                server.stop()
+    rounds = on_cluster(a.rounds, "snapshotter-migrate-bench-", one_round)
     med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
     summary = {
         "rounds": a.rounds,

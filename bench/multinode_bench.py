@@ -27,6 +27,7 @@ import statistics
 import sys
 import tempfile
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -92,28 +93,38 @@ def one_round(dep: Deployment, server: SeaweedServer, work: Path, i: int) -> dic
     }
 
 
-def main() -> int:
-    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    ap.add_argument("--rounds", type=int, default=3)
-    ap.add_argument("--json", type=Path, default=None)
-    a = ap.parse_args()
+Round = Callable[[Deployment, SeaweedServer, Path, int], dict[str, Any]]
+
+
+def on_cluster(n: int, prefix: str, one_round: Round) -> list[dict[str, Any]]:
+    """`n` rounds on three network-namespace nodes (a, b, c) and a SeaweedFS server, each
+    printed as it ends; everything is removed afterwards, also on failure or SIGTERM."""
     # SIGTERM unwinds like Ctrl-C: the finally blocks remove the namespaces and servers.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rounds: list[dict[str, Any]] = []
-    with tempfile.TemporaryDirectory(prefix="snapshotter-mn-bench-") as tmp:
+    with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         work = Path(tmp)
         with Cluster(["ctl", "a", "b", "c"]) as cluster:
             server = SeaweedServer(ip=cluster.host_ip).start()
             dep = Deployment(cluster, work / "dep", f"s3://{server.bucket}/bench", server.env())
             try:
                 dep.start(["a", "b", "c"])
-                for i in range(a.rounds):
+                for i in range(n):
                     r = one_round(dep, server, work, i)
                     rounds.append(r)
                     print(json.dumps({"round": i, **r}), flush=True)
             finally:
                 dep.close()
                 server.stop()
+    return rounds
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--rounds", type=int, default=3)
+    ap.add_argument("--json", type=Path, default=None)
+    a = ap.parse_args()
+    rounds = on_cluster(a.rounds, "snapshotter-mn-bench-", one_round)
     med = {k: statistics.median(r[k] for r in rounds) for k in rounds[0]}
     summary = {
         "rounds": a.rounds,
