@@ -14,7 +14,7 @@ from typing import Any, TypeVar
 from snapshotter import parallel
 from snapshotter.launch.spec import JobSpec
 from snapshotter.rpc.client import Client, Target, agent_client
-from snapshotter.v1 import agent_pb2
+from snapshotter.v1 import agent_pb2, common_pb2
 
 R = TypeVar("R")
 # How long a replaced agent's channel stays open for calls already made on it.
@@ -33,6 +33,8 @@ class AgentHandle:
     # Changes when the agent process restarts (its jobs are then gone or orphaned).
     incarnation: str = ""
     version: str = ""
+    # Its data links in plane order, as its last heartbeat reported them (agent/links.py).
+    links: list[common_pb2.LinkState] = field(default_factory=list)
     client: Client = field(init=False)
 
     def __post_init__(self) -> None:

@@ -27,6 +27,7 @@ from snapshotter.coordinator.decisions import (
     JobPhase,
     exit_code,
     job_phase,
+    next_plane,
     place,
     supervised_phase,
     thaw_job_id,
@@ -65,6 +66,8 @@ class JobRecord:
     ended: float | None = None
     final: JobPhase | None = None
     life: JobLife = field(default_factory=JobLife)
+    # The data-link plane its communicators use (coordinator/reroute.py).
+    plane: int = 0
 
     @property
     def recovers(self) -> bool:
@@ -99,6 +102,10 @@ class Coordinator:
         self.reading: set[str] = set()
         # Nodes being drained: nothing new is placed there.
         self.draining: set[str] = set()
+        # Data links an operator drained, by node (`snapshotter link drain`).
+        self.drained_links: dict[str, set[str]] = {}
+        # Set when a node reports a data link's state changed: the supervisor looks at once.
+        self.links_changed = threading.Event()
         # What the cluster's failure rate is estimated from (`--snapshot-every auto`).
         self.first_seen: dict[str, float] = {}
         self.failures_seen = 0
@@ -135,6 +142,10 @@ class Coordinator:
             assert old is not None
             handle = old
             handle.seen = seen
+            links = list(req.links)
+            if [(x.name, x.up) for x in links] != [(x.name, x.up) for x in handle.links]:
+                self.links_changed.set()
+            handle.links = links
             self.first_seen.setdefault(req.name, time.monotonic())
         if replaced is not None:
             replaced.retire()  # one channel per agent: the old incarnation's is dead
@@ -203,6 +214,20 @@ class Coordinator:
         live = self.live_agents()
         return [live[n] for n in names]
 
+    def link_usable(self, a: AgentHandle) -> list[bool]:
+        """Whether each of a node's data-link planes is usable (up, not drained); a node
+        without data links has one plane, always usable."""
+        if not a.links:
+            return [True]
+        drained = self.drained_links.get(a.name, set())
+        return [x.up and x.name not in drained for x in a.links]
+
+    def plane_for(self, agents: list[AgentHandle], current: int = 0) -> int:
+        """The plane a job on `agents` should use (its current one while usable; plane 0
+        when none is: the job then waits for a link like any job without two)."""
+        plane = next_plane(current, [self.link_usable(a) for a in agents])
+        return current if plane is None else plane
+
     def nodes(self) -> pb.NodeList:
         """Every registered agent as it answers now."""
         now = time.monotonic()
@@ -211,7 +236,9 @@ class Coordinator:
         out = on_all(agents, lambda a: a.stub.Ping(common_pb2.Empty(), timeout=5))
         reply = pb.NodeList()
         for a in agents:
-            row = reply.nodes.add(name=a.name, address=a.address, live=self._live(a, now))
+            row = reply.nodes.add(name=a.name, address=a.address, live=self._live(a, now),
+                                  links=a.links,
+                                  drained_links=sorted(self.drained_links.get(a.name, ())))
             if a.seen is not None:
                 row.heartbeat_age_s = now - a.seen
             if a.name in out.results:
@@ -281,13 +308,14 @@ class Coordinator:
         check_recovery(spec.recovery)
         job_id = spec.job_id
         agents = self._place(spec.nnodes, list(req.nodes))
+        plane = self.plane_for(agents)
         with self._lock:
             old = self._jobs.get(job_id)
         if old is not None and not recovering and (old.busy or not self._phase(old).terminal):
             raise errors.InvalidArgument(
                 f"job {job_id} already exists and is not finished", "choose another --job-id"
             )
-        rec = JobRecord(spec=spec, nodes=[a.name for a in agents], busy="RUNNING")
+        rec = JobRecord(spec=spec, nodes=[a.name for a in agents], busy="RUNNING", plane=plane)
         if recovering and old is not None:
             rec.life, rec.snapshots = old.life, list(old.snapshots)
         with self._lock:
@@ -300,7 +328,8 @@ class Coordinator:
                 agents,
                 lambda a: a.stub.Launch(
                     agent_pb2.LaunchRequest(
-                        spec=spec.to_proto(), node_rank=agents.index(a), rdzv=rdzv
+                        spec=spec.to_proto(), node_rank=agents.index(a), rdzv=rdzv,
+                        plane=plane,
                     ),
                     timeout=120,
                 ),
@@ -364,6 +393,10 @@ class Coordinator:
         return phase
 
     # ---- what the supervisor (supervisor.py, recover.py) uses ------------------------------
+
+    def unfinished(self) -> list[JobRecord]:
+        with self._lock:
+            return [r for r in self._jobs.values() if r.ended is None]
 
     def supervised(self) -> list[JobRecord]:
         """Jobs with a snapshot policy or automatic recovery, not finished for good."""
@@ -448,6 +481,7 @@ class Coordinator:
             recoveries=len(rec.life.recoveries),
             events=rec.life.newest(),
             gave_up=rec.life.gave_up,
+            plane=rec.plane,
         )
         if phase.terminal:
             codes = [r.exit_code if r.HasField("exit_code") else None for r in ranks]
@@ -530,6 +564,9 @@ class Coordinator:
         with self._lock:
             return [r for r in self._jobs.values() if node in r.nodes]
 
+    def unfinished_on(self, node: str) -> list[JobRecord]:
+        return [r for r in self.unfinished() if node in r.nodes]
+
     def holds(self, node: str, rec: JobRecord) -> bool:
         """Whether the agent of `node` holds the job (or is busy with it: a thaw), as far as
         it answers (one that does not may still hold it)."""
@@ -577,6 +614,7 @@ class Coordinator:
             op = FreezeOperation(rec.spec, self._handles(rec), self.store, req.stop, settings,
                                  on_committed=committed,
                                  current=lambda n: self.live_agents().get(n))  # fmt: skip
+            op.plane = rec.plane
             with self._lock:
                 self.writing.add(op.snapshot_id)
             try:
@@ -595,7 +633,8 @@ class Coordinator:
     def holding(self, rec: JobRecord, busy: JobPhase) -> Iterator[None]:
         """Hold a running job for one operation (a freeze, a migration): refused while
         another holds it, or when the job is not running."""
-        verb = {JobPhase.FREEZING: "frozen", JobPhase.MIGRATING: "migrated"}[busy]
+        verb = {JobPhase.FREEZING: "frozen", JobPhase.MIGRATING: "migrated",
+                JobPhase.REROUTING: "rerouted"}[busy]  # fmt: skip
         if not rec.lock.acquire(blocking=False):
             raise errors.FreezeRefused(
                 f"another freeze, thaw or migration of job {rec.spec.job_id} is in progress",
@@ -629,7 +668,9 @@ class Coordinator:
         job_id = validate_job_id(thaw_job_id(spec0.job_id, req.job_id or None, active, known))
         spec = spec0.with_job_id(job_id)
         agents = self._place(spec.nnodes, list(req.nodes))
-        rec = JobRecord(spec=spec, nodes=[a.name for a in agents], busy="THAWING", thawed_from=snap)
+        plane = self.plane_for(agents)
+        rec = JobRecord(spec=spec, nodes=[a.name for a in agents], busy="THAWING", thawed_from=snap,
+                        plane=plane)  # fmt: skip
         # A job this coordinator does not know (frozen before its restart) goes on with its
         # history from the store.
         kept = self.journal.read(job_id) if job_id not in known else None
@@ -653,7 +694,8 @@ class Coordinator:
         # A fork of a job that still runs must leave its original's files alone.
         fork_of_live = spec0.job_id in active and job_id != spec0.job_id
         try:
-            yield from ThawOperation(snap, meta, spec, agents, fork_of_live_job=fork_of_live).run()
+            yield from ThawOperation(snap, meta, spec, agents, fork_of_live_job=fork_of_live,
+                                     plane=plane).run()  # fmt: skip
             rec.life.progress = detect.reset(rec.life.progress, time.monotonic())
         except BaseException:
             with self._lock:

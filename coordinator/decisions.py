@@ -96,6 +96,7 @@ class JobPhase(enum.Enum):
 
     (run) -> RUNNING <-> FREEZING          freeze-and-continue returns to RUNNING
              RUNNING <-> MIGRATING         one node's ranks move; the others stay in memory
+             RUNNING <-> REROUTING         communicators move to another data-link plane
              RUNNING  -> FREEZING -> FROZEN  freeze --stop: ranks end after the commit
              RUNNING  -> SUCCEEDED | FAILED | CANCELLED
     (thaw) -> THAWING -> RUNNING | FAILED
@@ -109,6 +110,7 @@ class JobPhase(enum.Enum):
     RUNNING = "RUNNING"
     FREEZING = "FREEZING"
     MIGRATING = "MIGRATING"
+    REROUTING = "REROUTING"
     FROZEN = "FROZEN"
     SUCCEEDED = "SUCCEEDED"
     FAILED = "FAILED"
@@ -218,3 +220,40 @@ def may_recover(recoveries: Sequence[float], now: float, max_tries: int, window_
     N) is not recovered forever."""
     recent = [t for t in recoveries if now - t <= window_s]
     return len(recent) < max_tries
+
+
+def usable_planes(links: Sequence[Sequence[bool]]) -> list[int]:
+    """The data-link planes a job on these nodes can use: `links[n][p]` says whether node n's
+    link of plane p is up and not drained (a node without data links: `[True]`, its one
+    plane). A plane must exist and be usable on every node (pure)."""
+    if not links:
+        return []
+    planes = min(len(n) for n in links)
+    return [p for p in range(planes) if all(n[p] for n in links)]
+
+
+def next_plane(current: int, links: Sequence[Sequence[bool]], home: int = 0) -> int | None:
+    """Where a job on plane `current` should be: where it is while that plane is usable
+    (never back and forth with a flapping link), else its home plane, else the lowest usable
+    one; None when no plane is usable (pure)."""
+    usable = usable_planes(links)
+    if current in usable:
+        return current
+    if home in usable:
+        return home
+    return usable[0] if usable else None
+
+
+def bridge_routes(
+    peers: Mapping[str, Sequence[str]], me: str, frm: int, to: int
+) -> list[tuple[str, str]]:
+    """The routes node `me` needs so that its traffic to every peer's plane-`frm` address goes
+    through that peer's plane-`to` address: (destination, gateway) pairs. `peers[node]` is
+    the node's addresses by plane; a peer lacking either address gets no route (pure)."""
+    out = []
+    for node in sorted(peers):
+        ips = peers[node]
+        if node == me or len(ips) <= max(frm, to) or not ips[frm] or not ips[to]:
+            continue
+        out.append((ips[frm], ips[to]))
+    return out

@@ -112,14 +112,20 @@ class FreezeOperation:
         self._t_park = 0.0
         self._quiesce_s = 0.0
         self._targets: dict[str, int] = {}
+        # The data-link plane the ranks rebuild on at a resume (None: the one they had; a
+        # restarted agent re-adopts its ranks on plane 0, so the coordinator always says).
+        self.plane: int | None = None
 
     def _ref(self) -> agent_pb2.FreezeRef:
         return agent_pb2.FreezeRef(job_id=self.spec.job_id, freeze_id=self.freeze_id)
 
     def _phase_req(self, timeout: float) -> agent_pb2.PhaseRequest:
-        return agent_pb2.PhaseRequest(
+        req = agent_pb2.PhaseRequest(
             job_id=self.spec.job_id, freeze_id=self.freeze_id, timeout_s=timeout
         )
+        if self.plane is not None:
+            req.plane = self.plane
+        return req
 
     def run(self) -> Iterator[coordinator_pb2.FreezeEvent]:
         done = threading.Event()

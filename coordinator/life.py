@@ -38,6 +38,8 @@ class JobLife:
     snapshot_steps: dict[str, int] = field(default_factory=dict)
     # The last traceback of the rank that failed (what a give-up reports).
     last_traceback: str = ""
+    # No data-link plane works on all its nodes, and that was reported (coordinator/reroute.py).
+    links_down: bool = False
     # The background thread working on this job (a policy freeze or a recovery), if any.
     worker: threading.Thread | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)

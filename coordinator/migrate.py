@@ -144,6 +144,7 @@ class MigrateOperation(FreezeOperation):
         restore = agent_pb2.RestoreRequest(
             op=self._op, spec=self.spec.to_proto(), ranks=ranks, node_rank=self.source_rank,
             timeout_s=s.resume_timeout, rdzv=rdzv, epoch=self.freeze_id, put_back_files=True,
+            plane=self.plane or 0,
         )  # fmt: skip
         resume = self._phase_req(s.resume_timeout)
         moved = agent_pb2.PhaseRequest()
@@ -273,6 +274,7 @@ def migrate(c: Coordinator, req: pb.MigrateRequest) -> Iterator[pb.MigrateEvent]
 
         op = MigrateOperation(rec.spec, handles, source, target, c.store, settings, moved,
                               current=lambda n: c.live_agents().get(n))  # fmt: skip
+        op.plane = rec.plane
         for ev in op.events():
             if ev.HasField("done"):
                 st = ev.done.stats

@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from snapshotter import errors
-from snapshotter.coordinator import drain, migrate, snapshots, supervisor
+from snapshotter.coordinator import drain, migrate, reroute, snapshots, supervisor
 from snapshotter.coordinator.core import Coordinator
 from snapshotter.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
@@ -85,6 +85,9 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
 
     def Migrate(self, req: pb.MigrateRequest, ctx: Any) -> Iterator[pb.MigrateEvent]:
         return migrate.migrate(self.c, req)
+
+    def Link(self, req: pb.LinkRequest, ctx: Any) -> pb.LinkReply:
+        return reroute.link(self.c, req)
 
     def ListSnapshots(self, req: pb.ListSnapshotsRequest, ctx: Any) -> pb.SnapshotList:
         return snapshots.list_snapshots(self.c.store, req.job_id)

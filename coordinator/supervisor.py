@@ -15,6 +15,7 @@ samples (agents' Status and Progress) and starts work, at most one worker per jo
 
 from __future__ import annotations
 
+import functools
 import logging
 import threading
 import time
@@ -23,7 +24,7 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from snapshotter import errors
-from snapshotter.coordinator import detect, recover, snapshots
+from snapshotter.coordinator import detect, recover, reroute, snapshots
 from snapshotter.coordinator import policy as policies
 from snapshotter.coordinator.agents import on_all
 from snapshotter.coordinator.decisions import DEFAULT_HANG_DEADLINE_S, JobPhase
@@ -77,6 +78,7 @@ class Supervisor:
 
     def stop(self) -> None:
         self._stop.set()
+        self.c.links_changed.set()
         if self._thread is not None:
             self._thread.join(timeout=10)
         try:
@@ -85,13 +87,21 @@ class Supervisor:
             log.exception("could not keep the jobs' events at stop")
 
     def _loop(self) -> None:
-        while not self._stop.wait(self.tick_s):
+        while not self._stop.is_set():
+            # A node reporting a link change wakes the loop at once (a reroute's clock).
+            self.c.links_changed.wait(self.tick_s)
+            self.c.links_changed.clear()
+            if self._stop.is_set():
+                return
             try:
                 self.tick()
             except Exception:  # noqa: BLE001 - the loop must outlive any one bad tick
                 log.exception("supervisor tick failed")
 
     def tick(self) -> None:
+        for rec in self.c.unfinished():
+            if rec.busy is None and not rec.life.busy() and reroute.needs_move(self.c, rec):
+                self._start(rec, "reroute", functools.partial(reroute.check_links, self.c, rec))
         for rec in self.c.supervised():
             try:
                 self._job(rec)

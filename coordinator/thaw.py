@@ -52,6 +52,7 @@ class ThawOperation:
         agents: Sequence[AgentHandle],
         resume_timeout: float = 120.0,
         fork_of_live_job: bool = False,
+        plane: int = 0,
     ) -> None:
         if len(agents) != spec.nnodes:
             raise errors.InvalidArgument(
@@ -66,6 +67,7 @@ class ThawOperation:
         self.agents = list(agents)
         self.resume_timeout = resume_timeout
         self.put_back_files = not fork_of_live_job
+        self.plane = plane
         self._ranks = ranks_by_node(meta, spec.nnodes)
 
     def run(self) -> Iterator[coordinator_pb2.ThawEvent]:
@@ -136,6 +138,7 @@ class ThawOperation:
                     op=ops[a.name], spec=self.spec.to_proto(), ranks=self._ranks[node_of[a.name]],
                     node_rank=node_of[a.name], timeout_s=self.resume_timeout,
                     rdzv=opened["rdzv"], epoch=self.thaw_id, put_back_files=self.put_back_files,
+                    plane=self.plane,
                 ),
                 timeout=None,
             )  # fmt: skip

@@ -29,6 +29,7 @@ from snapshotter import __version__, errors
 from snapshotter.agent import service as agent_service
 from snapshotter.agent.allow import ExecPolicy
 from snapshotter.agent.fencing import Fence
+from snapshotter.agent.links import LinkWatcher, check_links
 from snapshotter.agent.netenv import interface_of, node_network_env
 from snapshotter.agent.node import NodeAgent, NodeSettings
 from snapshotter.agent.retention import Retention
@@ -257,6 +258,7 @@ class AgentConfig:
     name: str
     store_url: str
     env_overrides: dict[str, str] = field(default_factory=dict)
+    links: tuple[str, ...] = ()
     heartbeat_s: float = 2.0
     freeze_lease_s: float = 60.0
     policy: ExecPolicy = field(default_factory=ExecPolicy.default)
@@ -266,6 +268,7 @@ def serve_agent(cfg: AgentConfig) -> int:
     """A standalone node agent (`snapshotter agent`), registered with its coordinator and kept
     registered by a heartbeat (a restarted coordinator re-learns this node and its jobs)."""
     cfg.paths.home.mkdir(parents=True, exist_ok=True)
+    check_links(cfg.links, cfg.env_overrides)
     host = cfg.listen.host
     settings = NodeSettings(
         name=cfg.name,
@@ -277,6 +280,7 @@ def serve_agent(cfg: AgentConfig) -> int:
         policy=cfg.policy,
         retention=Retention(finished_jobs=keep_jobs()),
         peer_tls=cfg.listen.tls,
+        links=cfg.links,
     )
     agent = NodeAgent(settings, open_store(cfg.store_url))
     fence = Fence(on_newer=agent.freezes.expire_all)
@@ -289,14 +293,18 @@ def serve_agent(cfg: AgentConfig) -> int:
         extra_check=agent_service.fence_check(fence),
     )
     coord = coordinator_client(cfg.coordinator, peer="agent")
-    req = coordinator_pb2.RegisterAgentRequest(
-        name=cfg.name, address=server.address, host=host, heartbeat=True,
-        incarnation=agent.incarnation, version=__version__,
-    )  # fmt: skip
+    beat_now = threading.Event()
+    watcher = LinkWatcher(agent.links, lambda _: beat_now.set())
 
     def heartbeat() -> None:
         down_since: float | None = None
         while not stop.is_set():
+            beat_now.clear()
+            req = coordinator_pb2.RegisterAgentRequest(
+                name=cfg.name, address=server.address, host=host, heartbeat=True,
+                incarnation=agent.incarnation, version=__version__,
+                links=[lk.to_proto() for lk in watcher.last],
+            )  # fmt: skip
             try:
                 reply = coord.stub.RegisterAgent(req, timeout=10)
                 if down_since is not None:
@@ -311,9 +319,10 @@ def serve_agent(cfg: AgentConfig) -> int:
                 if down_since is None:
                     down_since = time.monotonic()
                     log.warning("coordinator %s: %s; retrying", cfg.coordinator.address, e)
-            stop.wait(cfg.heartbeat_s)
+            beat_now.wait(cfg.heartbeat_s)  # a link change beats at once
 
     threading.Thread(target=heartbeat, daemon=True, name="heartbeat").start()
+    watcher.start()
     log.info("agent %s on %s (ranks' network env %s)", cfg.name, server.address,
              settings.network_env)  # fmt: skip
     print(json.dumps({"agent": cfg.name, "address": server.address}), flush=True)

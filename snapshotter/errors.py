@@ -119,6 +119,14 @@ class MigrationFailed(SnapshotterError):
     code = "migration_failed"
 
 
+class RerouteFailed(SnapshotterError):
+    """A job's communicators could not be moved to another data link (or a link could not be
+    routed around); its message says which plane the job uses now."""
+
+    exit_code = 17
+    code = "reroute_failed"
+
+
 class SnapshotCorrupt(ThawFailed):
     code = "snapshot_corrupt"
 

@@ -105,7 +105,7 @@ class Freezes:
         store: ObjectStore,
         jobs: JobTable,
         gpu: Callable[[], GpuStage | None],
-        node_env: dict[str, str],
+        node_env: Callable[[int], dict[str, str]],
         parallelism: int,
         lease_s: float,
         copies: LocalCopies | None = None,
@@ -259,14 +259,16 @@ class Freezes:
             fr.phase = P.DUMPED
             return agent_pb2.DumpReply(ranks=[recs[k] for k in sorted(recs)])
 
-    def resume(self, job_id: str, freeze_id: str, timeout: float) -> None:
-        """Ranks rebuild their communicators and go on. With --stop the ranks are stopped
-        after the commit and this is never called; a failed --stop freeze resumes here, so
-        its GPU state comes back too."""
+    def resume(self, job_id: str, freeze_id: str, timeout: float, plane: int | None = None) -> None:
+        """Ranks rebuild their communicators and go on (on data-link `plane`, when given).
+        With --stop the ranks are stopped after the commit and this is never called; a failed
+        --stop freeze resumes here, so its GPU state comes back too."""
         job = self.jobs.get(job_id)
         with self._driving(freeze_id, {P.SUSPENDED, P.DUMPED, P.HELD}, must_exist=False) as fr:
             if fr is not None:
                 self._gpu_release(fr)
+            if plane is not None:
+                job.plane = plane
             self.resume_ranks(job, job.rdzv_address, freeze_id, timeout)
             if fr is not None:
                 fr.phase = P.RESUMED
@@ -413,7 +415,7 @@ class Freezes:
     def resume_ranks(self, job: NodeJob, rdzv: RdzvAddress, epoch: str, timeout: float) -> None:
         """Every rank rebuilds its communicators against `rdzv` under `epoch`, with this
         node's network settings."""
-        env = resume_env(rdzv, self.node_env)
+        env = resume_env(rdzv, self.node_env(job.plane))
         job.each(
             lambda r: r.channel.request(
                 protocol.resume(epoch, epoch, rdzv.host, rdzv.port, env), timeout

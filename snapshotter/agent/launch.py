@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 import threading
 import uuid
+from collections.abc import Callable
 
 from snapshotter import errors
 from snapshotter.agent.allow import ExecPolicy
@@ -34,7 +35,7 @@ class Launcher:
         sandboxes: Sandboxes,
         rdzv: RdzvHost,
         policy: ExecPolicy,
-        node_env: dict[str, str],
+        node_env: Callable[[int], dict[str, str]],
         netns: str | None,
         private_tmp: bool,
     ) -> None:
@@ -48,7 +49,9 @@ class Launcher:
         self.netns = netns
         self.private_tmp = private_tmp
 
-    def launch(self, spec: JobSpec, node_rank: int, rdzv_at: RdzvAddress | None) -> NodeJob:
+    def launch(
+        self, spec: JobSpec, node_rank: int, rdzv_at: RdzvAddress | None, plane: int = 0
+    ) -> NodeJob:
         """Start this node's ranks of `spec` (node `node_rank` of the job).
 
         Raises:
@@ -62,7 +65,8 @@ class Launcher:
         job: NodeJob | None = None
         try:
             server, remote = self.rdzv.claim(spec, rdzv_at)
-            job = NodeJob(spec=spec, node_rank=node_rank, rdzv=server, remote_rdzv=remote)
+            job = NodeJob(spec=spec, node_rank=node_rank, rdzv=server, remote_rdzv=remote,
+                          plane=plane)  # fmt: skip
             self._start_ranks(job, cancelled)
         except BaseException as e:
             if job is not None:
@@ -77,7 +81,7 @@ class Launcher:
         spec = job.spec
         for p in placements(spec.nnodes, spec.nproc_per_node, job.node_rank):
             check_launch(spec.job_id, cancelled)
-            env = rank_env(spec.env, p, job.rdzv_address, spec.job_id, self.node_env)
+            env = rank_env(spec.env, p, job.rdzv_address, spec.job_id, self.node_env(job.plane))
             argv = rank_argv(spec.python, spec.script, spec.script_args, spec.module)
             init_cwd = self.paths.init_cwd(f"{spec.job_id}-r{p.rank}-{uuid.uuid4().hex[:8]}")
             self.sandboxes.reserve(init_cwd)

@@ -31,6 +31,7 @@ from snapshotter.agent import keeping, settle
 from snapshotter.agent.allow import ExecPolicy
 from snapshotter.agent.freeze import Freezes
 from snapshotter.agent.launch import Launcher
+from snapshotter.agent.links import Links
 from snapshotter.agent.local_copy import LocalCopies
 from snapshotter.agent.logs import follow_file
 from snapshotter.agent.orphans import reap_orphans
@@ -90,6 +91,8 @@ class NodeSettings:
     # This node's certificate, to read a migrating rank's images from another node's agent
     # (None: plaintext, agents on loopback in tests).
     peer_tls: TlsFiles | None = None
+    # Its data links, in plane order (agent/links.py); none: one plane, the listen address's.
+    links: tuple[str, ...] = ()
 
 
 class NodeAgent:
@@ -110,7 +113,10 @@ class NodeAgent:
         # No operation outlives the agent that ran it: what a previous one staged is garbage.
         shutil.rmtree(self.paths.home / "work", ignore_errors=True)
 
-        name, env = settings.name, dict(settings.network_env)
+        name = settings.name
+        self.links = Links(settings.links, dict(settings.network_env))
+        self.links.clear_bridges()  # a predecessor that died mid-reroute may have left some
+        env = self.links.env
         self.jobs = JobTable(name)
         self.sandboxes = Sandboxes(self.paths, self.keeper)
         self.rdzv = RdzvHost(settings.host, rdzv_spares())

@@ -103,6 +103,8 @@ class NodeJob:
     _stopping_reason: NodeJobState | None = None
     # The rank whose failure ended the others (what recovery reports as the cause).
     failed_first: int | None = None
+    # The data-link plane its communicators use (agent/links.py).
+    plane: int = 0
 
     def watch(self) -> None:
         for r in self.ranks:

@@ -60,7 +60,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
     def Launch(self, req: agent_pb2.LaunchRequest, ctx: Any) -> agent_pb2.NodeJob:
         spec = JobSpec.from_proto(req.spec)
-        return self.agent.launcher.launch(spec, req.node_rank, _rdzv(req)).to_proto()
+        return self.agent.launcher.launch(spec, req.node_rank, _rdzv(req), req.plane).to_proto()
 
     def Prepare(self, req: agent_pb2.PrepareRequest, ctx: Any) -> agent_pb2.PrepareReply:
         return self.agent.freezes.prepare(req.job_id, req.freeze_id, _timeout(req.timeout_s, 30))
@@ -86,7 +86,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     def Resume(self, req: agent_pb2.PhaseRequest, ctx: Any) -> common_pb2.Empty:
         if req.HasField("rdzv"):
             self.agent.move_rdzv(req.job_id, RdzvAddress(req.rdzv.host, req.rdzv.port))
-        self.agent.freezes.resume(req.job_id, req.freeze_id, _timeout(req.timeout_s, 120))
+        plane = req.plane if req.HasField("plane") else None
+        self.agent.freezes.resume(req.job_id, req.freeze_id, _timeout(req.timeout_s, 120), plane)
         return common_pb2.Empty()
 
     def Upload(self, req: agent_pb2.UploadRequest, ctx: Any) -> Iterator[agent_pb2.UploadEvent]:
@@ -111,8 +112,13 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     def Restore(self, req: agent_pb2.RestoreRequest, ctx: Any) -> agent_pb2.RestoreReply:
         return self.agent.thaws.restore(
             req.op, JobSpec.from_proto(req.spec), list(req.ranks), req.node_rank,
-            _timeout(req.timeout_s, 120), _rdzv(req), req.epoch, req.put_back_files,
+            _timeout(req.timeout_s, 120), _rdzv(req), req.epoch, req.put_back_files, req.plane,
         )  # fmt: skip
+
+    def Bridge(self, req: agent_pb2.BridgeRequest, ctx: Any) -> common_pb2.Empty:
+        routes = [(r.dst, r.via) for r in req.routes]
+        self.agent.links.bridge(req.plane, routes, req.remove)
+        return common_pb2.Empty()
 
     def OfferImages(self, req: agent_pb2.OfferRequest, ctx: Any) -> common_pb2.Empty:
         self.agent.freezes.offer(req.job_id, req.freeze_id, req.ticket)

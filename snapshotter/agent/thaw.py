@@ -192,6 +192,7 @@ class Thaws:
         rdzv_at: RdzvAddress | None,
         epoch: str,
         put_back_files: bool = True,
+        plane: int = 0,
     ) -> agent_pb2.RestoreReply:
         """Restore this node's ranks from a fetched snapshot, in parallel, then resume them
         with this node's rendezvous address and network settings."""
@@ -216,7 +217,8 @@ class Thaws:
                 )
             mapping = stage.plan(recorded) if stage is not None else {}
             server, remote = self.rdzv.claim(spec, rdzv_at)
-            job = NodeJob(spec=spec, node_rank=node_rank, rdzv=server, remote_rdzv=remote)
+            job = NodeJob(spec=spec, node_rank=node_rank, rdzv=server, remote_rdzv=remote,
+                          plane=plane)  # fmt: skip
             # Held until the ranks are resumed: the job is visible from `end_launch` on, and
             # until then its channels are this thaw's (a progress sample reports it busy).
             job.op_lock.acquire()

@@ -142,6 +142,7 @@ def cmd_agent(a: argparse.Namespace) -> int:
         name=name,
         store_url=a.store or store_url(paths),
         env_overrides=env,
+        links=tuple(x for v in a.link for x in v.split(",") if x),
         heartbeat_s=a.heartbeat,
         freeze_lease_s=a.freeze_lease,
         policy=ExecPolicy.default(a.allow_python, a.allow_cwd),
@@ -220,6 +221,11 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     ag.add_argument("--env", action="append", default=[], metavar="KEY=VALUE",
                     help="network setting for this node's ranks (wins over the job's, also "
                     "after a thaw onto this node)")
+    ag.add_argument("--link", action="append", default=[], metavar="IFACE",
+                    help="a data link for the ranks' communicators, in plane order "
+                    "(repeatable, or comma-separated); with two or more, jobs move to "
+                    "another link when theirs fails or is drained (default: the --listen "
+                    "address's interface only)")
     ag.add_argument("--heartbeat", type=float, default=2.0)
     ag.add_argument("--freeze-lease", type=float, default=60.0,
                     help="seconds without word from the coordinator before a freeze is undone")

@@ -233,6 +233,37 @@ def cmd_drain(a: argparse.Namespace, c: Client) -> int:
     return 1 if any(j["fallback"] for j in res["jobs"]) else 0
 
 
+# --------------------------------------------------------------------------- link
+def cmd_link(a: argparse.Namespace, c: Client) -> int:
+    if a.action == "list":
+        res = plain(c.stub.Nodes(common_pb2.Empty(), timeout=60))
+        rows = [{"node": n["name"], "plane": i, "iface": x["name"], "ip": x["ip"],
+                 "up": x["up"], "drained": x["name"] in n["drained_links"]}
+                for n in res["nodes"] for i, x in enumerate(n["links"])]  # fmt: skip
+        text = "\n".join(
+            f"{r['node']:<12} plane {r['plane']}  {r['iface']:<15} {r['ip'] or '-':<15} "
+            f"{'up' if r['up'] else 'DOWN'}{'  drained' if r['drained'] else ''}"
+            for r in rows
+        ) or "no node reports data links (start agents with --link)"
+        emit_result({"links": rows}, a.json, None, text)
+        return 0
+    if not a.node or not a.iface:
+        raise errors.InvalidArgument(f"`link {a.action}` needs NODE and IFACE",
+                                     f"snapshotter link {a.action} NODE IFACE")  # fmt: skip
+    req = pb.LinkRequest(node=a.node, iface=a.iface, restore=a.action == "restore")
+    res = plain(c.stub.Link(req, timeout=900))
+    verb = "restored" if a.action == "restore" else "drained"
+    lines = [f"link {a.iface} of node {a.node} {verb}: {len(res['jobs'])} job(s) moved"]
+    for j in res["jobs"]:
+        if j["error"]:
+            lines.append(f"  {j['job_id']}: FAILED to move to plane {j['to_plane']}: {j['error']}")
+        else:
+            lines.append(f"  {j['job_id']}: plane {j['from_plane']} -> {j['to_plane']}, "
+                         f"stalled {j['stall_s']:.2f}s")  # fmt: skip
+    emit_result(res, a.json, None, "\n".join(lines))
+    return 1 if any(j["error"] for j in res["jobs"]) else 0
+
+
 def add_parsers(sub: Any, common: argparse.ArgumentParser, client: Callable[[], Client]) -> None:
     po = sub.add_parser("policy", parents=[common], help="a job's snapshot policy")
     po.add_argument("action", choices=["set", "show", "clear"])
@@ -255,3 +286,12 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, client: Callable[[], 
     dr.add_argument("--grace", type=float, default=None, help="seconds (default 30)")
     dr.add_argument("--undo", action="store_true", help="the node takes new jobs again")
     dr.set_defaults(fn=lambda a: cmd_drain(a, client()))
+    lk = sub.add_parser(
+        "link", parents=[common],
+        help="the nodes' data links: list them, drain one before maintenance (its jobs move "
+        "to another link, ranks in memory), restore it",
+    )
+    lk.add_argument("action", choices=["list", "drain", "restore"])
+    lk.add_argument("node", nargs="?", default=None)
+    lk.add_argument("iface", nargs="?", default=None)
+    lk.set_defaults(fn=lambda a: cmd_link(a, client()))

@@ -35,14 +35,16 @@ class OpenRdzvRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., python: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., spare: _Optional[bool] = ...) -> None: ...
 
 class LaunchRequest(_message.Message):
-    __slots__ = ("spec", "node_rank", "rdzv")
+    __slots__ = ("spec", "node_rank", "rdzv", "plane")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     NODE_RANK_FIELD_NUMBER: _ClassVar[int]
     RDZV_FIELD_NUMBER: _ClassVar[int]
+    PLANE_FIELD_NUMBER: _ClassVar[int]
     spec: _common_pb2.JobSpec
     node_rank: int
     rdzv: _common_pb2.Endpoint
-    def __init__(self, spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., node_rank: _Optional[int] = ..., rdzv: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ...) -> None: ...
+    plane: int
+    def __init__(self, spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., node_rank: _Optional[int] = ..., rdzv: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., plane: _Optional[int] = ...) -> None: ...
 
 class NodeJob(_message.Message):
     __slots__ = ("job_id", "node_rank", "state", "rdzv", "started", "ended", "ranks", "spec", "gpu_faults", "node")
@@ -83,16 +85,18 @@ class FreezeRef(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ...) -> None: ...
 
 class PhaseRequest(_message.Message):
-    __slots__ = ("job_id", "freeze_id", "timeout_s", "rdzv")
+    __slots__ = ("job_id", "freeze_id", "timeout_s", "rdzv", "plane")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     FREEZE_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     RDZV_FIELD_NUMBER: _ClassVar[int]
+    PLANE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     freeze_id: str
     timeout_s: float
     rdzv: _common_pb2.Endpoint
-    def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., timeout_s: _Optional[float] = ..., rdzv: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ...) -> None: ...
+    plane: int
+    def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., timeout_s: _Optional[float] = ..., rdzv: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., plane: _Optional[int] = ...) -> None: ...
 
 class PrepareRequest(_message.Message):
     __slots__ = ("job_id", "freeze_id", "timeout_s")
@@ -288,7 +292,7 @@ class FetchRef(_message.Message):
     def __init__(self, op: _Optional[str] = ...) -> None: ...
 
 class RestoreRequest(_message.Message):
-    __slots__ = ("op", "spec", "ranks", "node_rank", "timeout_s", "rdzv", "epoch", "put_back_files")
+    __slots__ = ("op", "spec", "ranks", "node_rank", "timeout_s", "rdzv", "epoch", "put_back_files", "plane")
     OP_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
@@ -297,6 +301,7 @@ class RestoreRequest(_message.Message):
     RDZV_FIELD_NUMBER: _ClassVar[int]
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     PUT_BACK_FILES_FIELD_NUMBER: _ClassVar[int]
+    PLANE_FIELD_NUMBER: _ClassVar[int]
     op: str
     spec: _common_pb2.JobSpec
     ranks: _containers.RepeatedCompositeFieldContainer[_common_pb2.RankRecord]
@@ -305,7 +310,26 @@ class RestoreRequest(_message.Message):
     rdzv: _common_pb2.Endpoint
     epoch: str
     put_back_files: bool
-    def __init__(self, op: _Optional[str] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., ranks: _Optional[_Iterable[_Union[_common_pb2.RankRecord, _Mapping]]] = ..., node_rank: _Optional[int] = ..., timeout_s: _Optional[float] = ..., rdzv: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., epoch: _Optional[str] = ..., put_back_files: _Optional[bool] = ...) -> None: ...
+    plane: int
+    def __init__(self, op: _Optional[str] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., ranks: _Optional[_Iterable[_Union[_common_pb2.RankRecord, _Mapping]]] = ..., node_rank: _Optional[int] = ..., timeout_s: _Optional[float] = ..., rdzv: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., epoch: _Optional[str] = ..., put_back_files: _Optional[bool] = ..., plane: _Optional[int] = ...) -> None: ...
+
+class BridgeRoute(_message.Message):
+    __slots__ = ("dst", "via")
+    DST_FIELD_NUMBER: _ClassVar[int]
+    VIA_FIELD_NUMBER: _ClassVar[int]
+    dst: str
+    via: str
+    def __init__(self, dst: _Optional[str] = ..., via: _Optional[str] = ...) -> None: ...
+
+class BridgeRequest(_message.Message):
+    __slots__ = ("plane", "routes", "remove")
+    PLANE_FIELD_NUMBER: _ClassVar[int]
+    ROUTES_FIELD_NUMBER: _ClassVar[int]
+    REMOVE_FIELD_NUMBER: _ClassVar[int]
+    plane: int
+    routes: _containers.RepeatedCompositeFieldContainer[BridgeRoute]
+    remove: bool
+    def __init__(self, plane: _Optional[int] = ..., routes: _Optional[_Iterable[_Union[BridgeRoute, _Mapping]]] = ..., remove: _Optional[bool] = ...) -> None: ...
 
 class GpuThaw(_message.Message):
     __slots__ = ("processes", "gpus", "restore_s")

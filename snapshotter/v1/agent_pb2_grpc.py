@@ -135,6 +135,11 @@ class AgentStub:
                 request_serializer=snapshotter_dot_v1_dot_agent__pb2.ReceiveRequest.SerializeToString,
                 response_deserializer=snapshotter_dot_v1_dot_agent__pb2.FetchEvent.FromString,
                 _registered_method=True)
+        self.Bridge = channel.unary_unary(
+                '/snapshotter.v1.Agent/Bridge',
+                request_serializer=snapshotter_dot_v1_dot_agent__pb2.BridgeRequest.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_common__pb2.Empty.FromString,
+                _registered_method=True)
         self.Status = channel.unary_unary(
                 '/snapshotter.v1.Agent/Status',
                 request_serializer=snapshotter_dot_v1_dot_common__pb2.JobRef.SerializeToString,
@@ -299,6 +304,14 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Bridge(self, request, context):
+        """Route the peers' addresses on a failed plane through another plane's link, so that what
+        is in flight there completes while communicators move (agent/links.py); or undo it.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Status(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -448,6 +461,11 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Receive,
                     request_deserializer=snapshotter_dot_v1_dot_agent__pb2.ReceiveRequest.FromString,
                     response_serializer=snapshotter_dot_v1_dot_agent__pb2.FetchEvent.SerializeToString,
+            ),
+            'Bridge': grpc.unary_unary_rpc_method_handler(
+                    servicer.Bridge,
+                    request_deserializer=snapshotter_dot_v1_dot_agent__pb2.BridgeRequest.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_common__pb2.Empty.SerializeToString,
             ),
             'Status': grpc.unary_unary_rpc_method_handler(
                     servicer.Status,
@@ -1025,6 +1043,33 @@ class Agent:
             '/snapshotter.v1.Agent/Receive',
             snapshotter_dot_v1_dot_agent__pb2.ReceiveRequest.SerializeToString,
             snapshotter_dot_v1_dot_agent__pb2.FetchEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Bridge(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapshotter.v1.Agent/Bridge',
+            snapshotter_dot_v1_dot_agent__pb2.BridgeRequest.SerializeToString,
+            snapshotter_dot_v1_dot_common__pb2.Empty.FromString,
             options,
             channel_credentials,
             insecure,

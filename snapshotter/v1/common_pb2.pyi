@@ -64,6 +64,16 @@ class Endpoint(_message.Message):
     port: int
     def __init__(self, host: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
 
+class LinkState(_message.Message):
+    __slots__ = ("name", "ip", "up")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    IP_FIELD_NUMBER: _ClassVar[int]
+    UP_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    ip: str
+    up: bool
+    def __init__(self, name: _Optional[str] = ..., ip: _Optional[str] = ..., up: _Optional[bool] = ...) -> None: ...
+
 class JobSpec(_message.Message):
     __slots__ = ("job_id", "script", "script_args", "module", "python", "cwd", "env", "nnodes", "nproc_per_node", "policy", "recovery")
     class EnvEntry(_message.Message):

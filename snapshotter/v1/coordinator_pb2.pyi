@@ -41,20 +41,24 @@ class Fence(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., id: _Optional[str] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("name", "address", "live", "heartbeat_age_s", "agent", "error")
+    __slots__ = ("name", "address", "live", "heartbeat_age_s", "agent", "error", "links", "drained_links")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LIVE_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_AGE_S_FIELD_NUMBER: _ClassVar[int]
     AGENT_FIELD_NUMBER: _ClassVar[int]
     ERROR_FIELD_NUMBER: _ClassVar[int]
+    LINKS_FIELD_NUMBER: _ClassVar[int]
+    DRAINED_LINKS_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
     live: bool
     heartbeat_age_s: float
     agent: _common_pb2.AgentInfo
     error: str
-    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., live: _Optional[bool] = ..., heartbeat_age_s: _Optional[float] = ..., agent: _Optional[_Union[_common_pb2.AgentInfo, _Mapping]] = ..., error: _Optional[str] = ...) -> None: ...
+    links: _containers.RepeatedCompositeFieldContainer[_common_pb2.LinkState]
+    drained_links: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., live: _Optional[bool] = ..., heartbeat_age_s: _Optional[float] = ..., agent: _Optional[_Union[_common_pb2.AgentInfo, _Mapping]] = ..., error: _Optional[str] = ..., links: _Optional[_Iterable[_Union[_common_pb2.LinkState, _Mapping]]] = ..., drained_links: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class NodeList(_message.Message):
     __slots__ = ("nodes",)
@@ -63,20 +67,22 @@ class NodeList(_message.Message):
     def __init__(self, nodes: _Optional[_Iterable[_Union[NodeInfo, _Mapping]]] = ...) -> None: ...
 
 class RegisterAgentRequest(_message.Message):
-    __slots__ = ("name", "address", "host", "heartbeat", "incarnation", "version")
+    __slots__ = ("name", "address", "host", "heartbeat", "incarnation", "version", "links")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     HOST_FIELD_NUMBER: _ClassVar[int]
     HEARTBEAT_FIELD_NUMBER: _ClassVar[int]
     INCARNATION_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
+    LINKS_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
     host: str
     heartbeat: bool
     incarnation: str
     version: str
-    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., host: _Optional[str] = ..., heartbeat: _Optional[bool] = ..., incarnation: _Optional[str] = ..., version: _Optional[str] = ...) -> None: ...
+    links: _containers.RepeatedCompositeFieldContainer[_common_pb2.LinkState]
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., host: _Optional[str] = ..., heartbeat: _Optional[bool] = ..., incarnation: _Optional[str] = ..., version: _Optional[str] = ..., links: _Optional[_Iterable[_Union[_common_pb2.LinkState, _Mapping]]] = ...) -> None: ...
 
 class RegisterAgentReply(_message.Message):
     __slots__ = ("registered", "fence")
@@ -122,7 +128,7 @@ class RunRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., script: _Optional[str] = ..., script_args: _Optional[_Iterable[str]] = ..., module: _Optional[bool] = ..., python: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., nnodes: _Optional[int] = ..., nproc_per_node: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., policy: _Optional[_Union[_common_pb2.Policy, _Mapping]] = ..., recovery: _Optional[_Union[_common_pb2.Recovery, _Mapping]] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("job_id", "state", "nodes", "nnodes", "nproc_per_node", "script", "ranks", "snapshots", "thawed_from", "exit_code", "policy", "recovery", "recoveries", "events", "gave_up")
+    __slots__ = ("job_id", "state", "nodes", "nnodes", "nproc_per_node", "script", "ranks", "snapshots", "thawed_from", "exit_code", "policy", "recovery", "recoveries", "events", "gave_up", "plane")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
@@ -138,6 +144,7 @@ class JobStatus(_message.Message):
     RECOVERIES_FIELD_NUMBER: _ClassVar[int]
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     GAVE_UP_FIELD_NUMBER: _ClassVar[int]
+    PLANE_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     state: str
     nodes: _containers.RepeatedScalarFieldContainer[str]
@@ -153,7 +160,8 @@ class JobStatus(_message.Message):
     recoveries: int
     events: _containers.RepeatedCompositeFieldContainer[JobEvent]
     gave_up: str
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., nnodes: _Optional[int] = ..., nproc_per_node: _Optional[int] = ..., script: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[_common_pb2.RankState, _Mapping]]] = ..., snapshots: _Optional[_Iterable[str]] = ..., thawed_from: _Optional[str] = ..., exit_code: _Optional[int] = ..., policy: _Optional[_Union[_common_pb2.Policy, _Mapping]] = ..., recovery: _Optional[_Union[_common_pb2.Recovery, _Mapping]] = ..., recoveries: _Optional[int] = ..., events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ..., gave_up: _Optional[str] = ...) -> None: ...
+    plane: int
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., nnodes: _Optional[int] = ..., nproc_per_node: _Optional[int] = ..., script: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[_common_pb2.RankState, _Mapping]]] = ..., snapshots: _Optional[_Iterable[str]] = ..., thawed_from: _Optional[str] = ..., exit_code: _Optional[int] = ..., policy: _Optional[_Union[_common_pb2.Policy, _Mapping]] = ..., recovery: _Optional[_Union[_common_pb2.Recovery, _Mapping]] = ..., recoveries: _Optional[int] = ..., events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ..., gave_up: _Optional[str] = ..., plane: _Optional[int] = ...) -> None: ...
 
 class JobEvent(_message.Message):
     __slots__ = ("time", "kind", "cause", "snapshot_id", "steps_lost", "took_s", "detect_s", "detail", "nodes", "rank")
@@ -529,6 +537,36 @@ class ShutdownReply(_message.Message):
     stopping: bool
     cancelled: _containers.RepeatedScalarFieldContainer[str]
     def __init__(self, stopping: _Optional[bool] = ..., cancelled: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class LinkRequest(_message.Message):
+    __slots__ = ("node", "iface", "restore")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    IFACE_FIELD_NUMBER: _ClassVar[int]
+    RESTORE_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    iface: str
+    restore: bool
+    def __init__(self, node: _Optional[str] = ..., iface: _Optional[str] = ..., restore: _Optional[bool] = ...) -> None: ...
+
+class Rerouted(_message.Message):
+    __slots__ = ("job_id", "from_plane", "to_plane", "stall_s", "error")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    FROM_PLANE_FIELD_NUMBER: _ClassVar[int]
+    TO_PLANE_FIELD_NUMBER: _ClassVar[int]
+    STALL_S_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    from_plane: int
+    to_plane: int
+    stall_s: float
+    error: str
+    def __init__(self, job_id: _Optional[str] = ..., from_plane: _Optional[int] = ..., to_plane: _Optional[int] = ..., stall_s: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
+
+class LinkReply(_message.Message):
+    __slots__ = ("jobs",)
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    jobs: _containers.RepeatedCompositeFieldContainer[Rerouted]
+    def __init__(self, jobs: _Optional[_Iterable[_Union[Rerouted, _Mapping]]] = ...) -> None: ...
 
 class MigrateRequest(_message.Message):
     __slots__ = ("job_id", "node", "rank", "to", "via_store", "quiesce_timeout_s")

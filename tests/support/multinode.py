@@ -56,11 +56,12 @@ class MultiCli(SnapCli):
         nproc: int = 2,
         nnodes: int = 2,
         nodes: str | None = None,
+        script: Path = TRAIN,
     ) -> str:
         args = ["run", "--detach", "--nnodes", str(nnodes), "--nproc-per-node", str(nproc)]
         args += ["--job-id", job_id] if job_id else []
         args += ["--nodes", nodes] if nodes else []
-        p = self.run(*args, str(TRAIN), "--out", str(out), *train_args)
+        p = self.run(*args, str(script), "--out", str(out), *train_args)
         return p.stdout.strip().splitlines()[-1]
 
     def _logs(self, job: str, rank: int) -> list[Path]:
@@ -158,7 +159,8 @@ class Deployment:
             [sys.executable, "-m", "snapshotter", "agent", "--listen", f"{node.ip}:{AGENT_PORT}",
              "--coordinator", self.coordinator, "--name", name, "--store", self.store_url,
              "--heartbeat", "1", "--freeze-lease", str(self.freeze_lease_s),
-             "--tls-dir", str(self.tls_dir), "--allow-cwd", str(ROOT)],
+             "--tls-dir", str(self.tls_dir), "--allow-cwd", str(ROOT),
+             *[f"--link={x}" for x in node.links]],
             env=self._env(self.home(name)), stdout=log, stderr=log, cwd=ROOT,
         )  # fmt: skip
         log.close()

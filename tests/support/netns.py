@@ -247,6 +247,20 @@ class Node:
         self.netns_path = str(NETNS_DIR / netns)
         self.ip = ip
         self.ifname = ifname
+        # Data links (Cluster(..., data_links=K)): interface, address and the root-namespace
+        # end of the veth, per plane.
+        self.links: list[str] = []
+        self.link_ips: list[str] = []
+        self.link_host_ends: list[str] = []
+
+    def set_link(self, plane: int, up: bool, side: str = "host") -> None:
+        """Take data link `plane` down or up: on the bridge's side (the cable: the node sees
+        its carrier go) or on the node's own interface (`ip link set IFACE down` there)."""
+        state = "up" if up else "down"
+        if side == "host":
+            _ip("link", "set", self.link_host_ends[plane], state)
+        else:
+            _ip("-n", self.netns, "link", "set", self.links[plane], state)
 
     def __repr__(self) -> str:
         return f"Node({self.name!r}, netns={self.netns!r}, ip={self.ip!r}, if={self.ifname!r})"
@@ -289,8 +303,13 @@ class Cluster:
         NetnsError: `ip` failed (with `permission=True` when not allowed to make namespaces).
     """
 
-    def __init__(self, names: Sequence[str]) -> None:
+    def __init__(self, names: Sequence[str], data_links: int = 0) -> None:
+        """`data_links`: K more interfaces per node, plane j on its own bridge and subnet
+        (the management interface above stays on the first bridge)."""
         names = list(names)
+        if not 0 <= data_links <= 4:
+            raise ValueError(f"data_links must be 0..4, got {data_links}")
+        self.data_links = data_links
         if not names or len(names) > HOST_OCTET - 1:
             raise ValueError(f"need 1..{HOST_OCTET - 1} node names, got {len(names)}")
         for n in names:
@@ -304,6 +323,11 @@ class Cluster:
         self.host_ip = ""
         self.nodes: dict[str, Node] = {}
         self._host_ends = [f"{PREFIX}v{self.tag}n{i}" for i in range(len(names))]
+        self._data_bridges = [f"{PREFIX}b{self.tag}d{j}" for j in range(data_links)]
+        self._data_ends = [
+            f"{PREFIX}v{self.tag}n{i}d{j}" for i in range(len(names)) for j in range(data_links)
+        ]
+        self.data_subnets: list[ipaddress.IPv4Network] = []
         self._names = names
         self._procs: list[tuple[subprocess.Popen[Any], bool]] = []
         self._record = STATE_DIR / self.tag
@@ -338,7 +362,7 @@ class Cluster:
     @property
     def link_names(self) -> list[str]:
         """The links this cluster makes in the root namespace: host veth ends, then bridge."""
-        return [*self._host_ends, self.bridge]
+        return [*self._host_ends, *self._data_ends, self.bridge, *self._data_bridges]
 
     # -- setup ----------------------------------------------------------------------------
 
@@ -361,7 +385,16 @@ class Cluster:
             _ip("link", "add", self.bridge, "type", "bridge")
             # The address claims the subnet (its route appears) before the lock is released.
             _ip("addr", "add", f"{self.host_ip}/24", "dev", self.bridge)
+            for br in self._data_bridges:
+                net = _pick_subnet()
+                _ip("link", "add", br, "type", "bridge")
+                # Claims the subnet; the root namespace reaches nodes on no data plane
+                # otherwise (its address is never used).
+                _ip("addr", "add", f"{net[HOST_OCTET]}/24", "dev", br)
+                self.data_subnets.append(net)
         _ip("link", "set", self.bridge, "up")
+        for br in self._data_bridges:
+            _ip("link", "set", br, "up")
         for i, name in enumerate(self._names):
             self._add_node(i, name)
 
@@ -378,7 +411,17 @@ class Cluster:
         _ip("-n", netns, "link", "set", "lo", "up")
         _ip("-n", netns, "addr", "add", f"{ip}/24", "dev", ifname)
         _ip("-n", netns, "link", "set", ifname, "up")
-        self.nodes[name] = Node(self, name, netns, ip, ifname)
+        node = Node(self, name, netns, ip, ifname)
+        for j, (br, net) in enumerate(zip(self._data_bridges, self.data_subnets, strict=True)):
+            end, dif, dip = f"{host_end}d{j}", f"{ifname}d{j}", str(net[i + 1])
+            _ip("link", "add", end, "type", "veth", "peer", "name", dif, "netns", netns)
+            _ip("link", "set", end, "master", br, "up")
+            _ip("-n", netns, "addr", "add", f"{dip}/24", "dev", dif)
+            _ip("-n", netns, "link", "set", dif, "up")
+            node.links.append(dif)
+            node.link_ips.append(dip)
+            node.link_host_ends.append(end)
+        self.nodes[name] = node
 
     # -- processes and teardown -----------------------------------------------------------
 
@@ -443,7 +486,7 @@ def netns_unavailable() -> str | None:
 
 
 @pytest.fixture()
-def netns_cluster() -> Iterator[Callable[[Sequence[str]], Cluster]]:
+def netns_cluster() -> Iterator[Callable[..., Cluster]]:
     """`netns_cluster(["ctl", "a", "b"])` -> a Cluster, closed at teardown (pass or fail).
     Skips when not root, `ip`/`nsenter` are missing, or the kernel refuses a namespace."""
     reason = netns_unavailable()
@@ -451,9 +494,9 @@ def netns_cluster() -> Iterator[Callable[[Sequence[str]], Cluster]]:
         pytest.skip(reason)
     made: list[Cluster] = []
 
-    def make(names: Sequence[str]) -> Cluster:
+    def make(names: Sequence[str], data_links: int = 0) -> Cluster:
         try:
-            cluster = Cluster(names)
+            cluster = Cluster(names, data_links)
         except NetnsError as e:
             if e.permission:
                 pytest.skip(f"cannot create network namespaces: {e}")
