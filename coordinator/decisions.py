@@ -257,3 +257,18 @@ def bridge_routes(
             continue
         out.append((ips[frm], ips[to]))
     return out
+
+
+def other_plane(current: int, links: Sequence[Sequence[bool]]) -> int | None:
+    """The lowest usable plane other than `current` (pure)."""
+    return next((p for p in usable_planes(links) if p != current), None)
+
+
+def link_suspect(in_flight: Mapping[int, float], deadline_s: float) -> tuple[int, float] | None:
+    """(the rank waiting longest, how long) when every rank has had a collective in flight
+    for longer than `deadline_s`: they all wait on the network, not on one slow rank (which
+    would have issued nothing and show no wait). None otherwise (pure)."""
+    if not in_flight or min(in_flight.values()) <= deadline_s:
+        return None
+    rank = max(sorted(in_flight), key=lambda r: in_flight[r])
+    return rank, in_flight[rank]

@@ -40,6 +40,9 @@ class JobLife:
     last_traceback: str = ""
     # No data-link plane works on all its nodes, and that was reported (coordinator/reroute.py).
     links_down: bool = False
+    # When a collective stuck past the link deadline last made us try another plane.
+    link_suspected_at: float | None = None
+    suspect: tuple[int, float] | None = None  # (rank, seconds) its collective was stuck
     # The background thread working on this job (a policy freeze or a recovery), if any.
     worker: threading.Thread | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)

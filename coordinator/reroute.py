@@ -23,6 +23,7 @@ a recovery (`--recover auto`) thaws if the job dies; either way the job's events
 from __future__ import annotations
 
 import logging
+import os
 import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
@@ -30,11 +31,17 @@ from typing import TYPE_CHECKING
 from snapshotter import errors
 from snapshotter.coordinator import detect
 from snapshotter.coordinator.agents import AgentHandle, on_all
-from snapshotter.coordinator.decisions import JobPhase, bridge_routes, next_plane
+from snapshotter.coordinator.decisions import (
+    JobPhase,
+    bridge_routes,
+    link_suspect,
+    next_plane,
+    other_plane,
+)
 from snapshotter.coordinator.freeze import FreezeOperation, FreezeSettings
 from snapshotter.launch.spec import JobSpec
 from snapshotter.storage.api import ObjectStore
-from snapshotter.v1 import agent_pb2, coordinator_pb2
+from snapshotter.v1 import agent_pb2, common_pb2, coordinator_pb2
 
 if TYPE_CHECKING:
     from snapshotter.coordinator.core import Coordinator, JobRecord
@@ -42,6 +49,22 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 pb = coordinator_pb2
 _RETRY = "the job trains on where it was"
+# A collective in flight this long on every rank, with no link down, is taken for a link that
+# drops traffic silently (far shorter than gloo's 30 min timeout; SNAPSHOTTER_LINK_DEADLINE_S).
+DEFAULT_LINK_DEADLINE_S = 5.0
+# After trying another plane for a stuck collective, this long before trying again.
+SUSPECT_BACKOFF_S = 60.0
+# How long the ranks of a reroute for a stuck collective may take to park: the bridge must
+# first let TCP's retransmissions (backed off by then) through.
+SUSPECT_QUIESCE_S = 30.0
+
+
+def link_deadline() -> float:
+    try:
+        v = float(os.environ.get("SNAPSHOTTER_LINK_DEADLINE_S", DEFAULT_LINK_DEADLINE_S))
+    except ValueError:
+        return DEFAULT_LINK_DEADLINE_S
+    return v if v > 0 else DEFAULT_LINK_DEADLINE_S
 
 
 class RerouteOperation(FreezeOperation):
@@ -119,7 +142,10 @@ class RerouteOperation(FreezeOperation):
             ) from e
 
 
-def reroute(c: Coordinator, rec: JobRecord, to: int, why: str, bridge: bool) -> pb.Rerouted:
+def reroute(
+    c: Coordinator, rec: JobRecord, to: int, why: str, bridge: bool,
+    quiesce_timeout: float = FreezeSettings.quiesce_timeout,
+) -> pb.Rerouted:  # fmt: skip
     """Move job `rec` onto plane `to`; the outcome, also as the job's event."""
     frm = rec.plane
     out = pb.Rerouted(job_id=rec.spec.job_id, from_plane=frm, to_plane=to)
@@ -131,7 +157,8 @@ def reroute(c: Coordinator, rec: JobRecord, to: int, why: str, bridge: bool) -> 
                 f"node(s) {', '.join(down)} of job {rec.spec.job_id} do not answer",
                 "wait for them to answer again (`snapshotter nodes`)",
             )
-        op = RerouteOperation(rec.spec, handles, c.store, FreezeSettings(), frm, to, bridge)
+        settings = FreezeSettings(quiesce_timeout=quiesce_timeout)
+        op = RerouteOperation(rec.spec, handles, c.store, settings, frm, to, bridge)
         op.plane = frm  # a failure resumes the ranks where they were
         try:
             for _ in op.run():
@@ -260,3 +287,45 @@ def check_links(c: Coordinator, rec: JobRecord) -> None:
         rec.life.add("links_down", snapshot_id=newest,
                      detail=f"could not freeze it ({e.cause}); it waits for a link to come "
                      f"back, newest snapshot {newest or 'none'} kept")  # fmt: skip
+
+
+def suspect(c: Coordinator, rec: JobRecord, now: float) -> int | None:
+    """The plane to try when every rank of a job has had a collective in flight past the
+    link deadline (a link that drops traffic without going down), or None. Asks the ranks
+    (a progress sample) only for a job that has another plane to go to."""
+    handles = c.job_handles(rec)
+    if len(handles) != len(rec.nodes) or all(not h.links for h in handles):
+        return None
+    last = rec.life.link_suspected_at
+    if last is not None and now - last < SUSPECT_BACKOFF_S:
+        return None
+    to = other_plane(rec.plane, [c.link_usable(h) for h in handles])
+    if to is None:
+        return None
+    ref = common_pb2.JobRef(job_id=rec.spec.job_id)
+    out = on_all(handles, lambda a: a.stub.Progress(ref, timeout=5))
+    if out.failures or any(p.busy for p in out.results.values()):
+        return None
+    ranks = [r for p in out.results.values() for r in p.ranks if not r.HasField("exit_code")]
+    if not ranks or not all(r.answered for r in ranks):
+        return None
+    found = link_suspect({r.rank: r.in_flight_s for r in ranks}, link_deadline())
+    if found is None:
+        return None
+    rec.life.link_suspected_at = now
+    rec.life.suspect = found
+    return to
+
+
+def reroute_suspect(c: Coordinator, rec: JobRecord, to: int) -> None:
+    """Try plane `to` for a job whose collectives are stuck, bridging its current plane: if
+    a link drops their traffic, the collectives complete and the job moves; if a rank hangs
+    instead, it cannot park, and the job is left as it was (hang detection's to handle)."""
+    rank, waited = rec.life.suspect or (-1, 0.0)
+    why = (f"every rank had a collective in flight past the {link_deadline():.0f}s link "
+           f"deadline (rank {rank}: {waited:.1f}s) with no link down: a link may drop traffic")  # fmt: skip
+    try:
+        reroute(c, rec, to, why, bridge=True, quiesce_timeout=SUSPECT_QUIESCE_S)
+    except errors.SnapshotterError as e:
+        log.warning("job %s: trying plane %d for its stuck collectives: %s", rec.spec.job_id,
+                    to, e)  # fmt: skip

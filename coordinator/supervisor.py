@@ -100,8 +100,15 @@ class Supervisor:
 
     def tick(self) -> None:
         for rec in self.c.unfinished():
-            if rec.busy is None and not rec.life.busy() and reroute.needs_move(self.c, rec):
+            if rec.busy is not None or rec.life.busy():
+                continue
+            if reroute.needs_move(self.c, rec):
                 self._start(rec, "reroute", functools.partial(reroute.check_links, self.c, rec))
+                continue
+            to = reroute.suspect(self.c, rec, self.clock())
+            if to is not None:
+                self._start(rec, "reroute", functools.partial(reroute.reroute_suspect, self.c,
+                                                              rec, to))  # fmt: skip
         for rec in self.c.supervised():
             try:
                 self._job(rec)

@@ -48,6 +48,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
           nogil())
       .def("track", &Gate::trackPy)
       .def("in_flight", &Gate::inFlight, nogil())
+      .def("oldest_in_flight_s", &Gate::oldestInFlightS, nogil())
       .def("held", &Gate::held, nogil())
       .def("state", &Gate::state, nogil())
       .def("counts", &Gate::counts, nogil())

@@ -158,6 +158,21 @@ class Gate {
     return n;
   }
 
+  // Seconds the oldest op still in flight has been (0: none): a collective stuck this long
+  // on a link that drops its traffic is what the agents reroute around.
+  double oldestInFlightS() {
+    MaybeReleaseGil nogil;
+    std::lock_guard<std::mutex> g(m_);
+    const auto now = std::chrono::steady_clock::now();
+    double worst = 0.0;
+    for (const auto& p : pending_) {
+      if (!p.done()) {
+        worst = std::max(worst, std::chrono::duration<double>(now - p.at).count());
+      }
+    }
+    return worst;
+  }
+
   int64_t held() {  // entries kept, finished or not (a test checks nothing finished piles up)
     std::lock_guard<std::mutex> g(m_);
     return static_cast<int64_t>(pending_.size());
@@ -308,6 +323,7 @@ class Gate {
         pending_.pop_front();
       }
     }
+    p.at = std::chrono::steady_clock::now();
     pending_.push_back(std::move(p));
   }
 

@@ -263,6 +263,7 @@ inline PyRef pyRef(py::object o) {
 struct Pending {
   intrusive_ptr<HandleWork> work;
   PyRef py;
+  std::chrono::steady_clock::time_point at{};  // when it was issued
 
   bool done() const {
     if (work) {

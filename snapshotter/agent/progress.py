@@ -93,6 +93,7 @@ def sample(job: NodeJob, timeout: float = TIMEOUT_S) -> common_pb2.JobProgress:
                 steps=p.steps,
                 counts=p.counts,
                 proc_state=rank_state(r),
+                in_flight_s=p.in_flight_s,
             )
         )
     return reply

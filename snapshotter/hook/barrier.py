@@ -33,6 +33,7 @@ from __future__ import annotations
 import contextlib
 import enum
 import threading
+import time
 from collections import deque
 from collections.abc import Callable, Iterator, Mapping
 from dataclasses import dataclass
@@ -111,6 +112,7 @@ class QuiesceBarrier:
         self._state = State.IDLE
         self._issued: dict[str, int] = {}
         self._pending: deque[Pending] = deque()
+        self._issued_at: dict[int, float] = {}  # id(op) -> when it was tracked
         self._parker = 0  # the thread that parked: it settles what is still in flight
         self._targets: dict[str, int] = {}
         self._freeze: str = ""
@@ -194,11 +196,21 @@ class QuiesceBarrier:
                 # keep every later one (and its tensors) alive.
                 self._pending = pending = deque(p for p in pending if not p.done())
             pending.append(op)
+            live = {id(p) for p in pending}
+            self._issued_at = {k: v for k, v in self._issued_at.items() if k in live}
+            self._issued_at[id(op)] = time.monotonic()
 
     def in_flight(self) -> int:
         """How many issued ops are not known to be done."""
         with self._cond:
             return sum(1 for p in self._pending if not p.done())
+
+    def oldest_in_flight_s(self) -> float:
+        """Seconds the oldest op still in flight has been (0.0: none)."""
+        now = time.monotonic()
+        with self._cond:
+            ages = [now - self._issued_at.get(id(p), now) for p in self._pending if not p.done()]
+        return max(ages, default=0.0)
 
     def _park_locked(self) -> None:
         """The parker's turn: report quiesced, or settle one op still in flight."""

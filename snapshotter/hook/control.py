@@ -166,7 +166,8 @@ class Hook:
         # groups): reading the counters changes nothing the training threads see.
         query = protocol.query_of(msg)
         self.send(protocol.progress_report(query, self.steps, self.barrier.counts(),
-                                           self.barrier.state.value))  # fmt: skip
+                                           self.barrier.state.value,
+                                           self.barrier.oldest_in_flight_s()))  # fmt: skip
 
     def _check_enabled(self) -> None:
         if self.disabled:

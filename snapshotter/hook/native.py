@@ -140,6 +140,9 @@ class NativeBarrier:
     def in_flight(self) -> int:
         return int(self.gate.in_flight())
 
+    def oldest_in_flight_s(self) -> float:
+        return float(self.gate.oldest_in_flight_s())
+
     @property
     def state(self) -> State:
         return State(self.gate.state())

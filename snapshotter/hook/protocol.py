@@ -182,12 +182,13 @@ def error(freeze: str, message: str) -> Msg:
 
 
 def progress_report(
-    query: int, steps: int, issued: Mapping[str, int], state: str = ""
+    query: int, steps: int, issued: Mapping[str, int], state: str = "", in_flight_s: float = 0.0
 ) -> Msg:
     """The reply to `progress` command `query`; `state` is the barrier's (idle, holding, armed,
-    parked, suspended): a restarted agent reads it to finish what its predecessor left."""
+    parked, suspended): a restarted agent reads it to finish what its predecessor left;
+    `in_flight_s`: how long the rank's oldest collective still in flight has been."""
     return {"op": PROGRESS, "query": int(query), "steps": int(steps), "counts": dict(issued),
-            "state": str(state)}  # fmt: skip
+            "state": str(state), "in_flight_s": float(in_flight_s)}  # fmt: skip
 
 
 @dataclass(frozen=True)
@@ -198,6 +199,7 @@ class Progress:
     steps: int
     counts: dict[str, int]
     state: str = ""  # the barrier's state; "" from a hook older than the field
+    in_flight_s: float = 0.0  # its oldest collective still in flight, this long
 
 
 def query_of(msg: Msg) -> int:
@@ -221,6 +223,7 @@ def progress_of(msg: Msg) -> Progress:
             steps=int(msg["steps"]),
             counts={str(k): int(v) for k, v in counts.items()},
             state=str(msg.get("state", "")),
+            in_flight_s=float(msg.get("in_flight_s", 0.0)),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise ProtocolError(f"progress needs integer steps and counts: {e}") from e

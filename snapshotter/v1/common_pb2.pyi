@@ -352,7 +352,7 @@ class UploadWindow(_message.Message):
     def __init__(self, node: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ...) -> None: ...
 
 class RankProgress(_message.Message):
-    __slots__ = ("rank", "answered", "steps", "counts", "proc_state", "exit_code")
+    __slots__ = ("rank", "answered", "steps", "counts", "proc_state", "exit_code", "in_flight_s")
     class CountsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -366,13 +366,15 @@ class RankProgress(_message.Message):
     COUNTS_FIELD_NUMBER: _ClassVar[int]
     PROC_STATE_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_S_FIELD_NUMBER: _ClassVar[int]
     rank: int
     answered: bool
     steps: int
     counts: _containers.ScalarMap[str, int]
     proc_state: str
     exit_code: int
-    def __init__(self, rank: _Optional[int] = ..., answered: _Optional[bool] = ..., steps: _Optional[int] = ..., counts: _Optional[_Mapping[str, int]] = ..., proc_state: _Optional[str] = ..., exit_code: _Optional[int] = ...) -> None: ...
+    in_flight_s: float
+    def __init__(self, rank: _Optional[int] = ..., answered: _Optional[bool] = ..., steps: _Optional[int] = ..., counts: _Optional[_Mapping[str, int]] = ..., proc_state: _Optional[str] = ..., exit_code: _Optional[int] = ..., in_flight_s: _Optional[float] = ...) -> None: ...
 
 class JobProgress(_message.Message):
     __slots__ = ("job_id", "busy", "ranks", "sampled")

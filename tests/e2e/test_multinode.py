@@ -327,6 +327,7 @@ def _links_up(deployment: Deployment) -> None:
         for plane in range(len(node.links)):
             node.set_link(plane, True)
             node.set_link(plane, True, side="node")
+            node.block_link(plane, False)
 
 
 def test_a_link_killed_mid_collective_moves_the_job_to_the_other_link(
@@ -335,11 +336,13 @@ def test_a_link_killed_mid_collective_moves_the_job_to_the_other_link(
     """A 2x2 job that all-reduces 8 MB every step, so nearly always inside a collective:
     node b's plane-0 link is cut on the bridge's side (a cable), then, the job on plane 1,
     node a's plane-1 interface is set down on the node. Each time the job moves to the
-    other plane with no rank restarted, every step's sum is exact and no step is lost."""
+    other plane with no rank restarted, every step's sum is exact and no step is lost.
+    Last, b's plane-0 switch port drops everything while both ends stay up: only the
+    hook's collective deadline sees it, and the job moves again."""
     cli = deployment.cli
     a, b = deployment.cluster["a"], deployment.cluster["b"]
     out = tmp_path / "out.json"
-    steps = 260
+    steps = 400
     job = cli.start_job(out, "--steps", str(steps), "--numel", "2000000", nodes="a,b",
                         script=ALLREDUCE)  # fmt: skip
     try:
@@ -357,6 +360,12 @@ def test_a_link_killed_mid_collective_moves_the_job_to_the_other_link(
         second = _wait_events(deployment, job, "rerouted", n=2)[-1]
         assert f"a:{a.links[1]} down" in second["detail"], second
         assert cli.json("status", job)["plane"] == 0
+        cli.wait_step(job, cli.last_step(job) + 5)
+        a.set_link(1, True, side="node")
+        b.block_link(0, True)
+        third = _wait_events(deployment, job, "rerouted", n=3)[-1]
+        assert "link deadline" in third["detail"], third
+        assert cli.json("status", job)["plane"] == 1
         cli.wait_step(job, cli.last_step(job) + 5)
         assert ranks <= set(rank_sandbox_pids(deployment.cluster)), "a rank was restarted"
     finally:

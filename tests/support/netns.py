@@ -262,6 +262,13 @@ class Node:
         else:
             _ip("-n", self.netns, "link", "set", self.links[plane], state)
 
+    def block_link(self, plane: int, blocked: bool) -> None:
+        """Make the bridge drop (or forward again) everything on data link `plane` while
+        the link stays up on both ends: a switch port that fails silently."""
+        state = "0" if blocked else "3"  # disabled / forwarding
+        subprocess.run(["bridge", "link", "set", "dev", self.link_host_ends[plane], "state",
+                        state], check=True, capture_output=True, timeout=30)  # fmt: skip
+
     def __repr__(self) -> str:
         return f"Node({self.name!r}, netns={self.netns!r}, ip={self.ip!r}, if={self.ifname!r})"
 

@@ -5,6 +5,7 @@ which needs the torch it was built against imported)."""
 from __future__ import annotations
 
 import threading
+import time
 from typing import Any
 
 import pytest
@@ -131,6 +132,22 @@ def test_not_quiesced_while_a_collective_is_in_flight() -> None:
     b.abort("f")
     t.join(5)
     assert b.counts() == {"0": 2}
+
+
+def test_reports_how_long_its_oldest_op_has_been_in_flight() -> None:
+    b, _ = make("0")
+    assert b.oldest_in_flight_s() == 0.0
+    old, new = Op(), Op()
+    b.enter("0")
+    b.track(old)
+    time.sleep(0.3)
+    b.enter("0")
+    b.track(new)
+    assert 0.3 <= b.oldest_in_flight_s() < 5
+    old.finish()
+    assert b.oldest_in_flight_s() < 0.3
+    new.finish()
+    assert b.oldest_in_flight_s() == 0.0
 
 
 def test_the_parker_waits_out_a_send_only_a_waiter_sees_complete() -> None:

@@ -24,12 +24,13 @@ def test_progress_is_a_command_answered_by_its_own_op() -> None:
 
 
 def test_a_progress_report_reads_back_as_it_was_built() -> None:
-    msg = wire(protocol.progress_report(7, 42, {"0": 84, "0|p2p:0>1": 3}, "suspended"))
+    msg = wire(protocol.progress_report(7, 42, {"0": 84, "0|p2p:0>1": 3}, "suspended", 2.5))
     assert msg == {"op": "progress", "query": 7, "steps": 42,
-                   "counts": {"0": 84, "0|p2p:0>1": 3}, "state": "suspended"}  # fmt: skip
+                   "counts": {"0": 84, "0|p2p:0>1": 3}, "state": "suspended",
+                   "in_flight_s": 2.5}  # fmt: skip
     assert "freeze" not in msg  # never matched as, nor mistaken for, a freeze's reply
     assert protocol.progress_of(msg) == protocol.Progress(
-        7, 42, {"0": 84, "0|p2p:0>1": 3}, "suspended"
+        7, 42, {"0": 84, "0|p2p:0>1": 3}, "suspended", 2.5
     )
 
 
