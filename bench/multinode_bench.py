@@ -96,15 +96,18 @@ def one_round(dep: Deployment, server: SeaweedServer, work: Path, i: int) -> dic
 Round = Callable[[Deployment, SeaweedServer, Path, int], dict[str, Any]]
 
 
-def on_cluster(n: int, prefix: str, one_round: Round) -> list[dict[str, Any]]:
+def on_cluster(
+    n: int, prefix: str, one_round: Round, data_links: int = 0
+) -> list[dict[str, Any]]:
     """`n` rounds on three network-namespace nodes (a, b, c) and a SeaweedFS server, each
-    printed as it ends; everything is removed afterwards, also on failure or SIGTERM."""
+    printed as it ends; everything is removed afterwards, also on failure or SIGTERM.
+    `data_links`: that many data links per node (agents get --link for each)."""
     # SIGTERM unwinds like Ctrl-C: the finally blocks remove the namespaces and servers.
     signal.signal(signal.SIGTERM, lambda *_: sys.exit(143))
     rounds: list[dict[str, Any]] = []
     with tempfile.TemporaryDirectory(prefix=prefix) as tmp:
         work = Path(tmp)
-        with Cluster(["ctl", "a", "b", "c"]) as cluster:
+        with Cluster(["ctl", "a", "b", "c"], data_links) as cluster:
             server = SeaweedServer(ip=cluster.host_ip).start()
             dep = Deployment(cluster, work / "dep", f"s3://{server.bucket}/bench", server.env())
             try:
