@@ -68,10 +68,27 @@ class JobRecord:
     life: JobLife = field(default_factory=JobLife)
     # The data-link plane its communicators use (coordinator/reroute.py).
     plane: int = 0
+    # Ranks that run on another agent than their node rank's (`migrate --rank`): rank -> node.
+    moved: dict[int, str] = field(default_factory=dict)
 
     @property
     def recovers(self) -> bool:
         return self.spec.recovery.mode == "auto"
+
+    @property
+    def agents(self) -> list[str]:
+        """Every node holding ranks of the job: its nodes in node-rank order, then those
+        that took single ranks."""
+        return [*self.nodes, *sorted({n for n in self.moved.values() if n not in self.nodes})]
+
+    def holder(self, rank: int) -> str:
+        """The node rank `rank` runs on."""
+        return self.moved.get(rank) or self.nodes[rank // self.spec.nproc_per_node]
+
+    def settle_moved(self) -> None:
+        """Forget moves that put a rank back on its node rank's node."""
+        n = self.spec.nproc_per_node
+        self.moved = {r: a for r, a in self.moved.items() if self.nodes[r // n] != a}
 
 
 # How the coordinator reaches an agent that registered with this address and name.
@@ -169,12 +186,16 @@ class Coordinator:
                 if rec is None:
                     rec = JobRecord(spec=spec, nodes=[""] * spec.nnodes)
                     self._jobs[spec.job_id] = rec
-                stale = (
+                mine = {r.rank for r in j.ranks}
+                other = (
                     j.state == "RUNNING" and 0 <= j.node_rank < len(rec.nodes)
                     and rec.nodes[j.node_rank] not in ("", agent.name)
                 )  # fmt: skip
+                if other and mine and all(rec.moved.get(r) == agent.name for r in mine):
+                    other = False  # single ranks that migrated here (`migrate --rank`)
                 if 0 <= j.node_rank < len(rec.nodes) and not rec.nodes[j.node_rank]:
                     rec.nodes[j.node_rank] = agent.name
+            stale = other and not self._split(rec, j.node_rank, agent.name, mine)
             if stale:
                 # The job moved on without this node (recovered elsewhere while its agent was
                 # down): what the node still runs of it has truly lost its job.
@@ -194,6 +215,25 @@ class Coordinator:
                 if kept is not None:
                     rec.life = kept  # its events and recoveries from before our restart
                 log.info("learned job %s from agent %s", spec.job_id, agent.name)
+
+    def _split(self, rec: JobRecord, node_rank: int, agent: str, mine: set[int]) -> bool:
+        """Whether `agent`, reporting ranks `mine` of a node rank another agent holds,
+        holds single ranks that migrated there (recorded then) rather than stale copies: the
+        other holds none of the same ranks, and both run."""
+        with self._lock:
+            holder = self._agents.get(rec.nodes[node_rank])
+        if holder is None or not mine:
+            return False
+        try:
+            st = holder.stub.Status(common_pb2.JobRef(job_id=rec.spec.job_id), timeout=10)
+        except errors.SnapshotterError:
+            return False
+        if st.state != "RUNNING" or mine & {r.rank for r in st.ranks}:
+            return False
+        with self._lock:
+            for r in mine:
+                rec.moved[r] = agent
+        return True
 
     def _live(self, a: AgentHandle, now: float) -> bool:
         return a.seen is None or now - a.seen <= self.agent_ttl
@@ -286,7 +326,7 @@ class Coordinator:
     def _handles(self, rec: JobRecord) -> list[AgentHandle]:
         """The job's agents in node-rank order (nodes not yet re-learned are left out)."""
         with self._lock:
-            return [self._agents[n] for n in rec.nodes if n in self._agents]
+            return [self._agents[n] for n in rec.agents if n in self._agents]
 
     def run(self, req: pb.RunRequest, recovering: bool = False) -> pb.JobStatus:
         """`recovering`: the supervisor launches a job it stopped again, under its id."""
@@ -421,8 +461,9 @@ class Coordinator:
         """The job's nodes that do not answer now (before their heartbeats run out: the
         peers of a dead node fail at once, and must not be blamed for it)."""
         with self._lock:
-            handles = [self._agents.get(n) for n in rec.nodes]
-        missing = [n for n, h in zip(rec.nodes, handles, strict=True) if n and h is None]
+            names = rec.agents
+            handles = [self._agents.get(n) for n in names]
+        missing = [n for n, h in zip(names, handles, strict=True) if n and h is None]
         present = [h for h in handles if h is not None]
         out = on_all(present, lambda a: a.stub.Ping(common_pb2.Empty(), timeout=timeout))
         return missing + [a.name for a in present if a.name in out.failures]
@@ -469,7 +510,7 @@ class Coordinator:
         st = pb.JobStatus(
             job_id=job_id,
             state=phase.value,
-            nodes=rec.nodes,
+            nodes=rec.agents,
             nnodes=rec.spec.nnodes,
             nproc_per_node=rec.spec.nproc_per_node,
             script=rec.spec.script,
@@ -562,10 +603,10 @@ class Coordinator:
 
     def jobs_on(self, node: str) -> list[JobRecord]:
         with self._lock:
-            return [r for r in self._jobs.values() if node in r.nodes]
+            return [r for r in self._jobs.values() if node in r.agents]
 
     def unfinished_on(self, node: str) -> list[JobRecord]:
-        return [r for r in self.unfinished() if node in r.nodes]
+        return [r for r in self.unfinished() if node in r.agents]
 
     def holds(self, node: str, rec: JobRecord) -> bool:
         """Whether the agent of `node` holds the job (or is busy with it: a thaw), as far as

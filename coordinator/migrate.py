@@ -38,7 +38,7 @@ from snapshotter.storage.api import ObjectStore
 from snapshotter.v1 import agent_pb2, common_pb2, coordinator_pb2
 
 if TYPE_CHECKING:
-    from snapshotter.coordinator.core import Coordinator
+    from snapshotter.coordinator.core import Coordinator, JobRecord
 
 pb = coordinator_pb2
 _RETRY = "the job trains on where it was; retry the migration"
@@ -61,15 +61,20 @@ class MigrateOperation(FreezeOperation):
         target: AgentHandle,
         store: ObjectStore,
         settings: FreezeSettings,
-        on_moved: Callable[[list[str]], None],
+        on_moved: Callable[[], list[str]],
         current: Callable[[str], AgentHandle | None] | None = None,
+        ranks: Sequence[int] = (),
+        source_agent: AgentHandle | None = None,
     ) -> None:
-        """`source`: the node rank whose ranks move; `on_moved(nodes)`: the job now runs on
-        `nodes` (called before the source's parked copies end)."""
+        """`source`: the node rank whose ranks move (with `ranks`, only those, from
+        `source_agent`, which may hold ranks of another node rank too); `on_moved()`: record
+        that the moved ranks run on the target now, and return the job's nodes (called
+        before the source's parked copies end)."""
         super().__init__(spec, agents, store, False, settings, lambda _: None, current)
         self.snapshot_id = ""  # nothing is stored
         self.source_rank = source
-        self.source = self.agents[source]
+        self.ranks = sorted(ranks)
+        self.source = source_agent if source_agent is not None else self.agents[source]
         self.target = target
         self._on_moved = on_moved
         self._op = ""
@@ -88,13 +93,16 @@ class MigrateOperation(FreezeOperation):
         s = self.settings
         job = common_pb2.JobRef(job_id=self.spec.job_id)
         rdzv = self.agents[0].stub.Status(job, timeout=10).rdzv
-        moves_rdzv = self.source_rank == 0
+        # The rendezvous server lives with node 0's agent: it moves only when that node does.
+        moves_rdzv = self.source_rank == 0 and not self.ranks
         yield from self._quiesce()
 
         src, dst = self.source, self.target
         yield pb.FreezeEvent(phase=common_pb2.PhaseEvent(phase="dump", node=src.name))
         t = time.monotonic()
-        ranks = list(src.stub.Dump(self._ref(), timeout=None).ranks)
+        dump_ref = self._ref()
+        dump_ref.ranks.extend(self.ranks)
+        ranks = list(src.stub.Dump(dump_ref, timeout=None).ranks)
         dump_s = time.monotonic() - t
         image_bytes = sum(r.image_bytes for r in ranks)
 
@@ -151,13 +159,19 @@ class MigrateOperation(FreezeOperation):
         moved.CopyFrom(resume)
         if moves_rdzv:
             moved.rdzv.CopyFrom(rdzv)
-        others = [a for a in self.agents if a is not src]
+        # Single ranks: the source's other ranks resume with everyone, the moving ones stay
+        # parked there until the target's have rebuilt.
+        stays = agent_pb2.PhaseRequest()
+        stays.CopyFrom(resume)
+        stays.skip_ranks.extend(self.ranks)
+        others = [a for a in self.agents if a is not src or self.ranks]
         self._resumed = True  # from here on, every failure is handled below
 
         def step(a: AgentHandle) -> object:
             if a is dst:
                 return dst.stub.Restore(restore, timeout=None)
-            return a.stub.Resume(moved, timeout=s.resume_timeout + 10)
+            req = stays if a is src else moved
+            return a.stub.Resume(req, timeout=s.resume_timeout + 10)
 
         def put_back(failed: AgentHandle, e: BaseException) -> None:
             # The others wait for the moved ranks under this epoch: the source's parked
@@ -175,13 +189,12 @@ class MigrateOperation(FreezeOperation):
         assert isinstance(restored, agent_pb2.RestoreReply)
         downtime_s = time.monotonic() - self._t_park
 
-        nodes = [a.name for a in self.agents]
-        nodes[self.source_rank] = dst.name
-        self._on_moved(nodes)
+        nodes = self._on_moved()
         yield pb.FreezeEvent(phase=common_pb2.PhaseEvent(phase="finish", node=src.name))
         self._finish(src, stop=True)
         for a in others:
-            self._finish(a, stop=False)
+            if a is not src:
+                self._finish(a, stop=False)
         self._prepared = []  # nothing left for a failure to put back
         self._done = pb.MigrateEvent(done=pb.MigrateDone(
             job_id=self.spec.job_id, node=src.name, to=dst.name, nodes=nodes,
@@ -193,15 +206,19 @@ class MigrateOperation(FreezeOperation):
         ))  # fmt: skip
 
     def _finish(self, a: AgentHandle, stop: bool) -> None:
+        """End the freeze on `a`; `stop`: the moved ranks' parked copies end there (all of
+        the source's ranks, or the single ranks that moved)."""
         fin = agent_pb2.FinishFreezeRequest(
-            job_id=self.spec.job_id, freeze_id=self.freeze_id, stop=stop
+            job_id=self.spec.job_id, freeze_id=self.freeze_id, stop=stop and not self.ranks
         )
+        if stop:
+            fin.stop_ranks.extend(self.ranks)
         try:
             a.stub.FinishFreeze(fin, timeout=60)
         except errors.SnapshotterError as e:
             # Its lease ends the freeze there on its own (and, on the source, its ranks are
             # no longer the job's: the target's run under the job's record).
-            if stop:
+            if stop and not self.ranks:
                 a.stub.Cancel(common_pb2.JobRef(job_id=self.spec.job_id), timeout=60)
             raise errors.MigrationFailed(
                 f"the job runs on its new nodes, but node {a.name} did not finish the "
@@ -255,64 +272,94 @@ class MigrateOperation(FreezeOperation):
 
 
 def migrate(c: Coordinator, req: pb.MigrateRequest) -> Iterator[pb.MigrateEvent]:
-    """Move the ranks of node `req.node` of a running job onto node `req.to`."""
+    """Move the ranks of node `req.node` (or only rank `req.rank`) of a running job onto
+    node `req.to`."""
     rec = c.job(req.job_id)
-    source, target = _check(c, req, rec.nodes)
+    source, target, ranks, src_name = _check(c, req, rec)
     with c.holding(rec, JobPhase.MIGRATING):
         timeout = req.quiesce_timeout_s if req.HasField("quiesce_timeout_s") else None
         settings = FreezeSettings(quiesce_timeout=timeout or FreezeSettings.quiesce_timeout)
         handles = c.job_handles(rec)
-        if len(handles) != len(rec.nodes):
-            down = sorted(set(rec.nodes) - {a.name for a in handles})
+        if len(handles) != len(rec.agents):
+            down = sorted(set(rec.agents) - {a.name for a in handles})
             raise errors.FreezeRefused(
                 f"node(s) {', '.join(down)} of job {rec.spec.job_id} do not answer",
                 "wait for them to answer again (`snapshotter nodes`), or freeze and thaw",
             )
 
-        def moved(nodes: list[str]) -> None:
-            rec.nodes = nodes
+        def moved() -> list[str]:
+            if ranks:
+                for r in ranks:
+                    rec.moved[r] = req.to
+            else:
+                rec.nodes[source] = req.to
+            rec.settle_moved()
+            return rec.agents
 
+        src = next(a for a in handles if a.name == src_name)
         op = MigrateOperation(rec.spec, handles, source, target, c.store, settings, moved,
-                              current=lambda n: c.live_agents().get(n))  # fmt: skip
+                              current=lambda n: c.live_agents().get(n), ranks=ranks,
+                              source_agent=src)  # fmt: skip
         op.plane = rec.plane
         for ev in op.events():
             if ev.HasField("done"):
                 st = ev.done.stats
                 rec.life.add("migrated", nodes=list(ev.done.nodes), took_s=st.downtime_s,
-                             detail=f"ranks {', '.join(map(str, st.ranks))} moved from "
-                             f"{req.node} to {req.to}: job stalled {st.downtime_s:.2f}s "
+                             detail=f"rank(s) {', '.join(map(str, st.ranks))} moved from "
+                             f"{src_name} to {req.to}: job stalled {st.downtime_s:.2f}s "
                              f"(transfer {st.transfer_s:.2f}s)")  # fmt: skip
                 # It held collectives on purpose: no rank was hung meanwhile.
                 rec.life.progress = detect.reset(rec.life.progress, time.monotonic())
             yield ev
 
 
-def _check(c: Coordinator, req: pb.MigrateRequest, nodes: list[str]) -> tuple[int, AgentHandle]:
-    """(the source's node rank, the target's agent). Raises: InvalidArgument naming what
-    is wrong with the request."""
-    if req.HasField("rank"):
-        raise errors.InvalidArgument(
-            "moving a single rank (--rank) is not supported yet: a node's ranks move together",
-            f"move every rank of its node with --node (the job's nodes: {', '.join(nodes)})",
-        )
+def _check(
+    c: Coordinator, req: pb.MigrateRequest, rec: JobRecord
+) -> tuple[int, AgentHandle, list[int], str]:
+    """(the moving ranks' node rank, the target's agent, the single ranks that move (empty:
+    the whole node), the source agent). Raises: InvalidArgument naming what is wrong."""
     if req.via_store:
         raise errors.InvalidArgument(
             "--via-store is not supported yet: the images go from agent to agent",
             "leave out --via-store",
         )
-    if not req.node or not req.to:
-        raise errors.InvalidArgument("a migration needs --node and --to", "name both nodes")
-    if req.node not in nodes:
+    agents = rec.agents
+    if req.HasField("rank") == bool(req.node) or not req.to:
         raise errors.InvalidArgument(
-            f"node {req.node!r} holds no rank of job {req.job_id}",
-            f"the job runs on {', '.join(nodes)}",
+            "a migration needs --to and one of --node or --rank", "name what moves and where"
         )
-    if req.to in nodes:
+    ranks: list[int] = []
+    if req.HasField("rank"):
+        world = rec.spec.nnodes * rec.spec.nproc_per_node
+        if not 0 <= req.rank < world:
+            raise errors.InvalidArgument(
+                f"rank {req.rank} is out of range: job {req.job_id} has ranks 0..{world - 1}",
+                "`snapshotter status JOB` lists its ranks",
+            )
+        src_name = rec.holder(req.rank)
+        if [r for r in range(world) if rec.holder(r) == src_name] == [req.rank]:
+            raise errors.InvalidArgument(
+                f"rank {req.rank} is the only rank of job {req.job_id} on node {src_name}",
+                f"move the node with --node {src_name}",
+            )
+        source, ranks = req.rank // rec.spec.nproc_per_node, [req.rank]
+    else:
+        if req.node not in agents:
+            raise errors.InvalidArgument(
+                f"node {req.node!r} holds no rank of job {req.job_id}",
+                f"the job runs on {', '.join(agents)}",
+            )
+        if req.node not in rec.nodes:
+            raise errors.InvalidArgument(
+                f"node {req.node} holds only single ranks of job {req.job_id} moved there",
+                "move them with --rank",
+            )
+        src_name, source = req.node, rec.nodes.index(req.node)
+    if req.to in agents:
         raise errors.InvalidArgument(
             f"node {req.to!r} already holds ranks of job {req.job_id}",
             "migrate onto a node the job does not use (`snapshotter nodes`)",
         )
-    source = nodes.index(req.node)
     if req.to in c.draining:
         raise errors.InvalidArgument(f"node {req.to} is being drained", "choose another node")
     target = c.live_agents().get(req.to)
@@ -321,4 +368,4 @@ def _check(c: Coordinator, req: pb.MigrateRequest, nodes: list[str]) -> tuple[in
             f"node {req.to!r} is not registered or its agent does not answer",
             "`snapshotter nodes` lists the live nodes",
         )
-    return source, target
+    return source, target, ranks, src_name

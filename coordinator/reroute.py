@@ -151,8 +151,8 @@ def reroute(
     out = pb.Rerouted(job_id=rec.spec.job_id, from_plane=frm, to_plane=to)
     with c.holding(rec, JobPhase.REROUTING):
         handles = c.job_handles(rec)
-        if len(handles) != len(rec.nodes):
-            down = sorted(set(rec.nodes) - {a.name for a in handles})
+        if len(handles) != len(rec.agents):
+            down = sorted(set(rec.agents) - {a.name for a in handles})
             raise errors.RerouteFailed(
                 f"node(s) {', '.join(down)} of job {rec.spec.job_id} do not answer",
                 "wait for them to answer again (`snapshotter nodes`)",
@@ -170,7 +170,7 @@ def reroute(
         rec.plane = to
         out.stall_s = op.stall_s
         rec.life.add(
-            "rerouted", took_s=op.stall_s, nodes=list(rec.nodes),
+            "rerouted", took_s=op.stall_s, nodes=list(rec.agents),
             detail=f"communicators moved from plane {frm} to plane {to} ({why}); job stalled "
             f"{op.stall_s:.2f}s, {op.quiesce_wait_s:.2f}s to quiesce",
         )  # fmt: skip
@@ -214,7 +214,7 @@ def link(c: Coordinator, req: pb.LinkRequest) -> pb.LinkReply:
     stuck = []
     for rec in moving:
         usable = [c.link_usable(h) for h in c.job_handles(rec)]
-        i = rec.nodes.index(req.node) if req.node in rec.nodes else -1
+        i = rec.agents.index(req.node) if req.node in rec.agents else -1
         if 0 <= i < len(usable) and plane < len(usable[i]):
             usable[i][plane] = False
         if next_plane(rec.plane, usable) is None:
@@ -245,7 +245,7 @@ def needs_move(c: Coordinator, rec: JobRecord) -> bool:
     """Whether a job's plane no longer works on all its nodes (from the last heartbeats:
     no call to any agent), or it cannot move and has not been reported yet."""
     handles = c.job_handles(rec)
-    if len(handles) != len(rec.nodes) or all(not h.links for h in handles):
+    if len(handles) != len(rec.agents) or all(not h.links for h in handles):
         return False
     to = next_plane(rec.plane, [c.link_usable(h) for h in handles])
     if to == rec.plane:
@@ -258,7 +258,7 @@ def check_links(c: Coordinator, rec: JobRecord) -> None:
     """The supervisor's look at one running job's links: move it when its plane failed;
     when none works, freeze it to storage if it can still quiesce, else report."""
     handles = c.job_handles(rec)
-    if len(handles) != len(rec.nodes) or all(not h.links for h in handles):
+    if len(handles) != len(rec.agents) or all(not h.links for h in handles):
         return
     usable = [c.link_usable(h) for h in handles]
     to = next_plane(rec.plane, usable)
@@ -294,7 +294,7 @@ def suspect(c: Coordinator, rec: JobRecord, now: float) -> int | None:
     link deadline (a link that drops traffic without going down), or None. Asks the ranks
     (a progress sample) only for a job that has another plane to go to."""
     handles = c.job_handles(rec)
-    if len(handles) != len(rec.nodes) or all(not h.links for h in handles):
+    if len(handles) != len(rec.agents) or all(not h.links for h in handles):
         return None
     last = rec.life.link_suspected_at
     if last is not None and now - last < SUSPECT_BACKOFF_S:

@@ -131,7 +131,7 @@ class Supervisor:
                      for v in views for r in v.ranks}  # fmt: skip
             first = [r.rank for v in views for r in v.ranks if r.failed_first]
             failure = detect.rank_failure(codes, first)
-            lost = detect.lost_nodes(rec.nodes, self.c.live_agents())
+            lost = detect.lost_nodes(rec.agents, self.c.live_agents())
             why = f"no heartbeat for {self.c.agent_ttl:.0f}s"
             if not lost and failure is not None:
                 # Ranks failed: because their node died (its peers' connections reset first)?
@@ -154,7 +154,7 @@ class Supervisor:
         if phase is not JobPhase.RUNNING:
             return
         pol = policy_of(rec)
-        if not pol.active or set(rec.nodes) & self.c.draining:
+        if not pol.active or set(rec.agents) & self.c.draining:
             return  # a node of the job is being drained: its drain freezes it
         interval = self._interval(rec, pol)
         steps = life.progress.steps

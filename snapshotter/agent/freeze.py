@@ -93,6 +93,9 @@ class Freeze:
     expired: bool = False  # its coordinator was replaced by a newer one
     # Set when a migration offers the dumped images to its target (agent/handoff.py).
     ticket: str = ""
+    # Ranks a Resume of this freeze was asked to resume already (a migration of single ranks
+    # resumes the others first, and the moving ones only if their move fails).
+    resumed: set[int] = field(default_factory=set)
 
 
 class Freezes:
@@ -216,8 +219,17 @@ class Freezes:
         self._end(job, freeze_id)
         return reply
 
-    def dump(self, job_id: str, freeze_id: str) -> agent_pb2.DumpReply:
+    def dump(
+        self, job_id: str, freeze_id: str, only: set[int] | None = None
+    ) -> agent_pb2.DumpReply:
+        """CRIU-dump the ranks (`only` those, for a migration of single ranks), leaving them
+        running but parked."""
         job = self.jobs.get(job_id)
+        if only is not None and not only <= {r.rank for r in job.ranks}:
+            raise errors.InvalidArgument(
+                f"rank(s) {sorted(only - {r.rank for r in job.ranks})} of job {job_id} do not "
+                f"run on node {self.node}", "check the job's placement (`snapshotter status`)",
+            )  # fmt: skip
         with self._driving(freeze_id, {P.SUSPENDED}) as fr:
             fr.work.mkdir(parents=True, exist_ok=True)
             logs = self.paths.criu_logs(freeze_id)
@@ -246,9 +258,10 @@ class Freezes:
             # GPU state goes to host memory first, so that CRIU dumps it with the process.
             stage = self.gpu()
             if stage is not None:
-                fr.gpu = stage.freeze({r.rank: r.sandbox.pid for r in job.alive_ranks()})
+                fr.gpu = stage.freeze({r.rank: r.sandbox.pid for r in job.alive_ranks()
+                                       if only is None or r.rank in only})  # fmt: skip
             try:
-                recs = job.each(one, self.parallelism)
+                recs = job.each(one, self.parallelism, only)
             except BaseException:
                 self._gpu_release(fr)  # the coordinator resumes the ranks next
                 raise
@@ -259,18 +272,34 @@ class Freezes:
             fr.phase = P.DUMPED
             return agent_pb2.DumpReply(ranks=[recs[k] for k in sorted(recs)])
 
-    def resume(self, job_id: str, freeze_id: str, timeout: float, plane: int | None = None) -> None:
-        """Ranks rebuild their communicators and go on (on data-link `plane`, when given).
-        With --stop the ranks are stopped after the commit and this is never called; a failed
-        --stop freeze resumes here, so its GPU state comes back too."""
+    def resume(
+        self, job_id: str, freeze_id: str, timeout: float, plane: int | None = None,
+        skip: frozenset[int] = frozenset(),
+    ) -> None:  # fmt: skip
+        """Ranks rebuild their communicators and go on (on data-link `plane`, when given),
+        but those in `skip`, which a migration moves away: a later call resumes those after
+        all (their move failed). With --stop the ranks are stopped after the commit and this
+        is never called; a failed --stop freeze resumes here, so its GPU state comes back."""
         job = self.jobs.get(job_id)
-        with self._driving(freeze_id, {P.SUSPENDED, P.DUMPED, P.HELD}, must_exist=False) as fr:
+        allowed = {P.SUSPENDED, P.DUMPED, P.HELD, P.RESUMED}
+        with self._driving(freeze_id, allowed, must_exist=False) as fr:
+            todo = {r.rank for r in job.ranks} - set(skip)
             if fr is not None:
-                self._gpu_release(fr)
+                with self._lock:
+                    todo -= fr.resumed
+                    fr.resumed |= todo
+                if fr.phase is P.RESUMED and not todo:
+                    raise errors.FreezeFailed(
+                        f"freeze {freeze_id} on node {self.node} is resumed already",
+                        "the coordinator and this agent disagree; retry the freeze",
+                    )
+                held = set(fr.gpu.ranks) if fr.gpu is not None else set()
+                if held <= todo:
+                    self._gpu_release(fr)
             if plane is not None:
                 job.plane = plane
-            self.resume_ranks(job, job.rdzv_address, freeze_id, timeout)
-            if fr is not None:
+            self.resume_ranks(job, job.rdzv_address, freeze_id, timeout, todo)
+            if fr is not None and not skip:
                 fr.phase = P.RESUMED
 
     def offer(self, job_id: str, freeze_id: str, ticket: str) -> None:
@@ -377,10 +406,20 @@ class Freezes:
         if fr is not None and fr.writer is not None:
             fr.writer.abort()
 
-    def finish(self, job_id: str, freeze_id: str, stop: bool, committed: bool = False) -> NodeJob:
+    def finish(
+        self, job_id: str, freeze_id: str, stop: bool, committed: bool = False,
+        stop_ranks: frozenset[int] = frozenset(),
+    ) -> NodeJob:  # fmt: skip
         """The freeze is over (`committed`: its snapshot was committed, so the node keeps the
-        images as the job's local copy for a thaw here)."""
+        images as the job's local copy for a thaw here). `stop_ranks` end, and leave the job
+        here, without failing it: a migration restored them on another node."""
         job = self.jobs.get(job_id)
+        if stop_ranks:
+            with self._lock:
+                fr = self._freezes.get(freeze_id)
+            if fr is not None:
+                fr.gpu = None  # only the moved ranks were checkpointed: they end as they are
+            job.let_go(set(stop_ranks))
         with self._lock:
             fr = self._freezes.get(freeze_id)
         if committed and fr is not None and fr.writer is not None and self.copies is not None:
@@ -412,15 +451,19 @@ class Freezes:
         with self._lock:
             return set(self._freezes)
 
-    def resume_ranks(self, job: NodeJob, rdzv: RdzvAddress, epoch: str, timeout: float) -> None:
-        """Every rank rebuilds its communicators against `rdzv` under `epoch`, with this
-        node's network settings."""
+    def resume_ranks(
+        self, job: NodeJob, rdzv: RdzvAddress, epoch: str, timeout: float,
+        only: set[int] | None = None,
+    ) -> None:  # fmt: skip
+        """Every rank (`only` those) rebuilds its communicators against `rdzv` under `epoch`,
+        with this node's network settings."""
         env = resume_env(rdzv, self.node_env(job.plane))
         job.each(
             lambda r: r.channel.request(
                 protocol.resume(epoch, epoch, rdzv.host, rdzv.port, env), timeout
             ),
             self.parallelism,
+            only,
         )
 
     # ---- the lease ---------------------------------------------------------------------------

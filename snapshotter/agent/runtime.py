@@ -119,6 +119,15 @@ class NodeJob:
         code = r.sandbox.wait()
         with self._cv:
             r.exit_code = code
+            if r not in self.ranks:  # let go: it runs on another node now
+                self._cv.notify_all()
+                gone = True
+            else:
+                gone = False
+        if gone:
+            r.close()
+            return
+        with self._cv:
             failed = code != 0 and self._stopping_reason is None
             if failed:
                 self._stopping_reason = NodeJobState.FAILED
@@ -144,6 +153,23 @@ class NodeJob:
             self.ended = time.time()
             self._cv.notify_all()
         self.release()
+
+    def let_go(self, ranks: set[int], timeout: float = 30.0) -> None:
+        """End these ranks, which a migration restored on another node: they leave this
+        node's job, which goes on with the others; their exit is no failure."""
+        with self._cv:
+            going = [r for r in self.ranks if r.rank in ranks]
+            self.ranks = [r for r in self.ranks if r.rank not in ranks]
+        for r in going:
+            if r.exit_code is None:
+                try:
+                    r.sandbox.send_signal(signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + timeout
+        with self._cv:
+            while any(r.exit_code is None for r in going) and time.monotonic() < deadline:
+                self._cv.wait(max(0.0, deadline - time.monotonic()))
 
     def release(self) -> None:
         """Release what the ranks and the store hold (every rank has exited)."""
@@ -199,8 +225,11 @@ class NodeJob:
     def alive_ranks(self) -> list[RankRuntime]:
         return [r for r in self.ranks if r.exit_code is None]
 
-    def each(self, fn: Callable[[RankRuntime], R], workers: int) -> dict[int, R]:
-        """`fn` on every rank at once; results by rank, or the first failure raised.
+    def each(
+        self, fn: Callable[[RankRuntime], R], workers: int, only: set[int] | None = None
+    ) -> dict[int, R]:
+        """`fn` on every rank (`only` those) at once; results by rank, or the first failure
+        raised.
 
         Raises:
             FreezeFailed: a rank has already exited (a job with dead ranks cannot be frozen).
@@ -212,6 +241,8 @@ class NodeJob:
                 f"rank(s) {gone} of job {self.spec.job_id} have exited",
                 "see `snapshotter logs`; a job with dead ranks cannot be frozen",
             )
+        if only is not None:
+            ranks = [r for r in ranks if r.rank in only]
         out = parallel.each(ranks, fn, key=lambda r: r.rank, workers=workers, name="rank")
         out.raise_first()
         return out.results

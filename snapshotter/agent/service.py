@@ -81,13 +81,14 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         return agent_pb2.KeepFreezeReply(known=self.agent.freezes.keep(req.freeze_id))
 
     def Dump(self, req: agent_pb2.FreezeRef, ctx: Any) -> agent_pb2.DumpReply:
-        return self.agent.freezes.dump(req.job_id, req.freeze_id)
+        return self.agent.freezes.dump(req.job_id, req.freeze_id, set(req.ranks) or None)
 
     def Resume(self, req: agent_pb2.PhaseRequest, ctx: Any) -> common_pb2.Empty:
         if req.HasField("rdzv"):
             self.agent.move_rdzv(req.job_id, RdzvAddress(req.rdzv.host, req.rdzv.port))
         plane = req.plane if req.HasField("plane") else None
-        self.agent.freezes.resume(req.job_id, req.freeze_id, _timeout(req.timeout_s, 120), plane)
+        self.agent.freezes.resume(req.job_id, req.freeze_id, _timeout(req.timeout_s, 120), plane,
+                                  frozenset(req.skip_ranks))  # fmt: skip
         return common_pb2.Empty()
 
     def Upload(self, req: agent_pb2.UploadRequest, ctx: Any) -> Iterator[agent_pb2.UploadEvent]:
@@ -99,7 +100,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
     def FinishFreeze(self, req: agent_pb2.FinishFreezeRequest, ctx: Any) -> agent_pb2.NodeJob:
         return self.agent.freezes.finish(
-            req.job_id, req.freeze_id, req.stop, committed=req.committed
+            req.job_id, req.freeze_id, req.stop, committed=req.committed,
+            stop_ranks=frozenset(req.stop_ranks),
         ).to_proto()
 
     def Fetch(self, req: agent_pb2.FetchRequest, ctx: Any) -> Iterator[agent_pb2.FetchEvent]:

@@ -437,7 +437,8 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("job_id")
     which = m.add_mutually_exclusive_group(required=True)
     which.add_argument("--node", default=None, help="move every rank of this node (a drain)")
-    which.add_argument("--rank", type=int, default=None, help="move only this rank (not yet)")
+    which.add_argument("--rank", type=int, default=None,
+                       help="move only this rank (its node's other ranks stay)")
     m.add_argument("--to", required=True, help="the node to move them to")
     m.add_argument("--via-store", action="store_true",
                    help="through object storage instead of agent to agent (not yet)")

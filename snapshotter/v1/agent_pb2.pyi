@@ -77,26 +77,30 @@ class NodeJobList(_message.Message):
     def __init__(self, jobs: _Optional[_Iterable[_Union[NodeJob, _Mapping]]] = ...) -> None: ...
 
 class FreezeRef(_message.Message):
-    __slots__ = ("job_id", "freeze_id")
+    __slots__ = ("job_id", "freeze_id", "ranks")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     FREEZE_ID_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     freeze_id: str
-    def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ...) -> None: ...
+    ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PhaseRequest(_message.Message):
-    __slots__ = ("job_id", "freeze_id", "timeout_s", "rdzv", "plane")
+    __slots__ = ("job_id", "freeze_id", "timeout_s", "rdzv", "plane", "skip_ranks")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     FREEZE_ID_FIELD_NUMBER: _ClassVar[int]
     TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
     RDZV_FIELD_NUMBER: _ClassVar[int]
     PLANE_FIELD_NUMBER: _ClassVar[int]
+    SKIP_RANKS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     freeze_id: str
     timeout_s: float
     rdzv: _common_pb2.Endpoint
     plane: int
-    def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., timeout_s: _Optional[float] = ..., rdzv: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., plane: _Optional[int] = ...) -> None: ...
+    skip_ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., timeout_s: _Optional[float] = ..., rdzv: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., plane: _Optional[int] = ..., skip_ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class PrepareRequest(_message.Message):
     __slots__ = ("job_id", "freeze_id", "timeout_s")
@@ -244,16 +248,18 @@ class UploadEvent(_message.Message):
     def __init__(self, progress: _Optional[_Union[_common_pb2.TransferProgress, _Mapping]] = ..., uploaded: _Optional[_Union[Uploaded, _Mapping]] = ...) -> None: ...
 
 class FinishFreezeRequest(_message.Message):
-    __slots__ = ("job_id", "freeze_id", "stop", "committed")
+    __slots__ = ("job_id", "freeze_id", "stop", "committed", "stop_ranks")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     FREEZE_ID_FIELD_NUMBER: _ClassVar[int]
     STOP_FIELD_NUMBER: _ClassVar[int]
     COMMITTED_FIELD_NUMBER: _ClassVar[int]
+    STOP_RANKS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     freeze_id: str
     stop: bool
     committed: bool
-    def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., stop: _Optional[bool] = ..., committed: _Optional[bool] = ...) -> None: ...
+    stop_ranks: _containers.RepeatedScalarFieldContainer[int]
+    def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., stop: _Optional[bool] = ..., committed: _Optional[bool] = ..., stop_ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
     __slots__ = ("snapshot_id", "streams")

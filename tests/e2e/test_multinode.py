@@ -268,7 +268,7 @@ def test_migrate_a_node_onto_a_spare_while_the_other_stays_in_memory(
     assert code == 0 and res["snapshot_id"], res
     for bad in (["--node", "b", "--to", "nowhere"],
                 ["--node", "b", "--to", "a"], ["--node", "x", "--to", "c"],
-                ["--rank", "3", "--to", "c"],
+                ["--rank", "4", "--to", "c"], ["--rank", "3", "--to", "a"],
                 ["--node", "b", "--to", "c", "--via-store"]):  # fmt: skip
         p = cli.run("migrate", job, *bad, "--json", check=False)
         assert p.returncode == 2, (bad, p.stdout, p.stderr)
@@ -456,6 +456,40 @@ def test_both_links_down_keeps_the_job_and_reports_it(
     done = cli.wait(job)
     assert done["state"] == "SUCCEEDED", (done, deployment.logs())
     assert read_json(out) == reference
+
+
+def test_migrate_one_rank_onto_a_third_node(
+    deployment: Deployment, reference: dict, tmp_path: Path
+) -> None:
+    """`migrate --rank 3 --to c` mid-training: rank 3 alone moves (ranks 0-2 stay the same
+    processes, rank 2 on b), its steps form one gapless sequence across b and c, the job
+    split over three nodes still freezes (every node dumps its own ranks), and the run ends
+    with the parameters of an uninterrupted one."""
+    cli = deployment.cli
+    out = tmp_path / "out.json"
+    job = cli.start_job(out, *PACED, nodes="a,b")
+    cli.wait_step(job, 30)
+    stay = set(rank_sandbox_pids(deployment.cluster))
+    res = cli.json("migrate", job, "--rank", "3", "--to", "c")
+    assert res["stats"]["ranks"] == [3] and res["node"] == "b" and res["to"] == "c", res
+    assert res["nodes"] == ["a", "b", "c"], res
+    st = cli.json("status", job)
+    assert st["nodes"] == ["a", "b", "c"] and st["state"] == "RUNNING", st
+    now = set(rank_sandbox_pids(deployment.cluster))
+    assert len(stay & now) == 3, "ranks 0-2 must never leave memory"
+    assert len(now & set(pids_in_node(deployment.cluster, "b"))) == 1
+    assert len(now & set(pids_in_node(deployment.cluster, "c"))) == 1
+    # The last rank of a node moves only with its node.
+    p = cli.run("migrate", job, "--rank", "3", "--to", "b", "--json", check=False)
+    assert p.returncode == 2 and "--node c" in p.stdout, (p.stdout, p.stderr)
+    cli.wait_step(job, cli.last_step(job) + 5)
+    fr = cli.json("freeze", job)
+    assert cli.json("show", fr["snapshot_id"])["ranks"] == 4
+    done = cli.wait(job)
+    assert done["state"] == "SUCCEEDED", (done, deployment.logs())
+    assert read_json(out) == reference
+    assert cli.steps(job, rank=3) == list(range(1, STEPS + 1))
+    assert "step" in (deployment.home("c") / "jobs" / job / "logs" / "rank-3.log").read_text()
 
 
 def test_a_drain_under_recover_auto_migrates_instead_of_freezing(
