@@ -462,9 +462,10 @@ def test_migrate_one_rank_onto_a_third_node(
     deployment: Deployment, reference: dict, tmp_path: Path
 ) -> None:
     """`migrate --rank 3 --to c` mid-training: rank 3 alone moves (ranks 0-2 stay the same
-    processes, rank 2 on b), its steps form one gapless sequence across b and c, the job
-    split over three nodes still freezes (every node dumps its own ranks), and the run ends
-    with the parameters of an uninterrupted one."""
+    processes, rank 2 on b), its steps form one gapless sequence across b and c, a restarted
+    coordinator re-learns the split (it ends neither copy as stale), the job split over three
+    nodes still freezes (every node dumps its own ranks), and the run ends with the
+    parameters of an uninterrupted one."""
     cli = deployment.cli
     out = tmp_path / "out.json"
     job = cli.start_job(out, *PACED, nodes="a,b")
@@ -482,6 +483,12 @@ def test_migrate_one_rank_onto_a_third_node(
     # The last rank of a node moves only with its node.
     p = cli.run("migrate", job, "--rank", "3", "--to", "b", "--json", check=False)
     assert p.returncode == 2 and "--node c" in p.stdout, (p.stdout, p.stderr)
+    deployment.kill_coordinator()
+    deployment.start_coordinator()
+    deployment.wait_agents(["a", "b", "c"])
+    st = cli.json("status", job)
+    assert sorted(st["nodes"]) == ["a", "b", "c"] and st["state"] == "RUNNING", st
+    assert now <= set(rank_sandbox_pids(deployment.cluster))
     cli.wait_step(job, cli.last_step(job) + 5)
     fr = cli.json("freeze", job)
     assert cli.json("show", fr["snapshot_id"])["ranks"] == 4
