@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import signal
+import subprocess
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -17,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cli import TRAIN
+from tests.support.cli import ROOT, TORCHRUN, TRAIN
 from tests.support.multinode import (
     Deployment,
     Op,
@@ -497,6 +498,51 @@ def test_migrate_one_rank_onto_a_third_node(
     assert read_json(out) == reference
     assert cli.steps(job, rank=3) == list(range(1, STEPS + 1))
     assert "step" in (deployment.home("c") / "jobs" / job / "logs" / "rank-3.log").read_text()
+
+
+def _torchrun_on(dep: Deployment, nodes: list[str], script: Path, out: Path, steps: str) -> str:
+    """The uninterrupted reference: the script under plain torchrun, one rank on each node,
+    nothing of snapshotter; the digest rank 0 wrote."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SNAPSHOTTER")}
+    master = dep.cluster[nodes[0]]
+    procs = []
+    for k, name in enumerate(nodes):
+        node = dep.cluster[name]
+        cmd = [str(TORCHRUN), "--nnodes", str(len(nodes)), "--node-rank", str(k),
+               "--nproc-per-node", "1", "--master-addr", master.ip, "--master-port", "29517",
+               str(script), "--out", str(out), "--steps", steps]  # fmt: skip
+        procs.append(node.popen(cmd, env={**env, **node.network_env()}, cwd=out.parent,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT))  # fmt: skip
+    for p in procs:
+        output, _ = p.communicate(timeout=400)
+        assert p.returncode == 0, output.decode(errors="replace")[-3000:]
+    digest: str = json.loads(out.read_text())["digest"]
+    return digest
+
+
+def test_a_transformers_trainer_job_migrates_and_finishes_like_torchrun(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """A Hugging Face Transformers `Trainer` job (DDP with find_unused_parameters, a
+    DataLoader worker; nothing of snapshotter), one rank on each of nodes a and b: node b's
+    rank migrates to c mid-training, and the run ends with the parameters of the same
+    script under plain torchrun on nodes a and b (one rank each: the layout changes what
+    the Trainer computes, so the reference has the job's)."""
+    pytest.importorskip("transformers")
+    script = ROOT / "tests" / "support" / "jobs" / "hf_trainer.py"
+    reference = _torchrun_on(deployment, ["a", "b"], script, tmp_path / "ref.json", "160")
+    cli = deployment.cli
+    out = tmp_path / "live.json"
+    job = cli.start_job(out, "--steps", "160", "--step-sleep", "0.1", nproc=1, nodes="a,b",
+                        script=script)  # fmt: skip
+    cli.wait_step(job, 30, timeout=300)
+    res = cli.json("migrate", job, "--node", "b", "--to", "c")
+    assert res["nodes"] == ["a", "c"] and res["stats"]["ranks"] == [1], res
+    done = cli.wait(job)
+    assert done["state"] == "SUCCEEDED", (done, deployment.logs())
+    assert read_json(out)["digest"] == reference
+    steps = cli.steps(job, rank=1)
+    assert steps == sorted(set(steps)) and steps[-1] == 160, steps[-20:]
 
 
 def test_a_drain_under_recover_auto_migrates_instead_of_freezing(

@@ -9,48 +9,15 @@ from __future__ import annotations
 import json
 import os
 import signal
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 
-from tests.support.cli import ROOT, SnapCli
+from tests.support.cli import ROOT, SnapCli, torchrun_digest
 from tests.support.soak import rank_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 JOBS = ROOT / "tests" / "support" / "jobs"
-TORCHRUN = Path(sys.executable).with_name("torchrun")
-
-
-def _torchrun(script: Path, out: Path, steps: str, cwd: Path) -> str:
-    """The uninterrupted reference: the same script under plain torchrun, no snapshotter."""
-    env = {k: v for k, v in os.environ.items() if not k.startswith("SNAPSHOTTER")}
-    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", "2", str(script),
-           "--out", str(out), "--steps", steps]  # fmt: skip
-    # Plain torchrun, no snapshotter, and still it failed twice on this machine: once a
-    # DataLoader worker forked from a rank deadlocked in a lock a gloo thread held at the fork
-    # (a hang), once an FSDP2 rank aborted at exit after its last step ("terminate called
-    # without an active exception"). Such failures are torch's; one more try tells them from
-    # a script that is broken.
-    for attempt in (1, 2):
-        p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
-                             stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
-        try:
-            output, _ = p.communicate(timeout=300)
-        except subprocess.TimeoutExpired:
-            os.killpg(p.pid, signal.SIGKILL)
-            output, _ = p.communicate()
-        if p.returncode == 0:
-            break
-        out.unlink(missing_ok=True)
-        if attempt == 2:
-            raise AssertionError(
-                f"plain torchrun failed twice (exit {p.returncode}): "
-                + output.decode(errors="replace")[-3000:]
-            )
-    digest: str = json.loads(out.read_text())["digest"]
-    return digest
 
 
 @pytest.mark.parametrize(
@@ -63,7 +30,7 @@ def test_trainer_frozen_twice_and_thawed_finishes_like_torchrun(
 ) -> None:
     needs = {"hf_trainer.py": "transformers", "accelerate_loop.py": "accelerate"}
     pytest.importorskip(needs.get(script, "torch"))
-    reference = _torchrun(JOBS / script, tmp_path / "ref.json", steps, tmp_path)
+    reference = torchrun_digest(JOBS / script, tmp_path / "ref.json", steps, tmp_path)
 
     out = tmp_path / "live.json"
     # Paced so that it is still running after two freezes, a kill and a thaw on a slow

@@ -153,3 +153,36 @@ def _alive(pid: int) -> bool:
 def read_result(path: Path) -> dict[str, Any]:
     result: dict[str, Any] = json.loads(path.read_text())
     return result
+
+
+TORCHRUN = Path(sys.executable).with_name("torchrun")
+
+
+def torchrun_digest(script: Path, out: Path, steps: str, cwd: Path, nproc: int = 2) -> str:
+    """The uninterrupted reference: the same script under plain torchrun, no snapshotter."""
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SNAPSHOTTER")}
+    cmd = [str(TORCHRUN), "--standalone", "--nproc-per-node", str(nproc), str(script),
+           "--out", str(out), "--steps", steps]  # fmt: skip
+    # Plain torchrun, no snapshotter, and still it failed twice on this machine: once a
+    # DataLoader worker forked from a rank deadlocked in a lock a gloo thread held at the fork
+    # (a hang), once an FSDP2 rank aborted at exit after its last step ("terminate called
+    # without an active exception"). Such failures are torch's; one more try tells them from
+    # a script that is broken.
+    for attempt in (1, 2):
+        p = subprocess.Popen(cmd, cwd=cwd, env=env, stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, start_new_session=True)  # fmt: skip
+        try:
+            output, _ = p.communicate(timeout=300)
+        except subprocess.TimeoutExpired:
+            os.killpg(p.pid, signal.SIGKILL)
+            output, _ = p.communicate()
+        if p.returncode == 0:
+            break
+        out.unlink(missing_ok=True)
+        if attempt == 2:
+            raise AssertionError(
+                f"plain torchrun failed twice (exit {p.returncode}): "
+                + output.decode(errors="replace")[-3000:]
+            )
+    digest: str = json.loads(out.read_text())["digest"]
+    return digest
