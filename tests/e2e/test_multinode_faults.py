@@ -390,19 +390,21 @@ def _ranks_in(dep: Deployment, node: str) -> set[int]:
     return set(rank_sandbox_pids(dep.cluster)) & set(pids_in_node(dep.cluster, node))
 
 
+@pytest.mark.parametrize("what", [("--node", "b"), ("--rank", "3")], ids=["node", "rank"])
 def test_target_lost_mid_migration_leaves_the_job_where_it_was(
-    healthy: Deployment, tmp_path: Path
+    healthy: Deployment, tmp_path: Path, what: tuple[str, str]
 ) -> None:
-    """`migrate --node b --to c` with c's whole agent service killed during the transfer:
-    the migration fails naming c, ranks 2 and 3 go on on b (node a's never stopped being the
-    same processes); with c back, the same migration completes and the job ends."""
+    """`migrate --node b --to c` (or `--rank 3`) with c's whole agent service killed during
+    the transfer: the migration fails naming c, ranks 2 and 3 go on on b (node a's never
+    stopped being the same processes); with c back, the same migration completes and the
+    job ends."""
     dep = healthy
     out = tmp_path / "out.json"
     steps = 1200
     job = dep.cli.start_job(out, "--steps", str(steps), *FAST, nodes="a,b")
     dep.cli.wait_step(job, 20)
     on_a = _ranks_in(dep, "a")
-    op = Op(dep, "migrate", job, "--node", "b", "--to", "c")
+    op = Op(dep, "migrate", job, *what, "--to", "c")
     op.wait_phase("transfer")
     dep.kill_agent("c")
     code, res = op.result()
@@ -415,8 +417,8 @@ def test_target_lost_mid_migration_leaves_the_job_where_it_was(
 
     dep.start_agent("c")
     dep.wait_agents(["c"])
-    moved = dep.cli.json("migrate", job, "--node", "b", "--to", "c")
-    assert moved["nodes"] == ["a", "c"], moved
+    moved = dep.cli.json("migrate", job, *what, "--to", "c")
+    assert moved["nodes"] == (["a", "c"] if what[0] == "--node" else ["a", "b", "c"]), moved
     st = dep.cli.wait(job)
     assert st["state"] == "SUCCEEDED", (st, dep.logs())
     assert json.loads(out.read_text())["steps"] == steps
