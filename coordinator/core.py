@@ -671,6 +671,19 @@ class Coordinator:
                     self.writing.discard(op.snapshot_id)
 
     @contextlib.contextmanager
+    def writing_snapshot(self, snapshot_id: str | None) -> Iterator[None]:
+        """Chunks of `snapshot_id` are being written and read: never garbage to gc meanwhile."""
+        if snapshot_id:
+            with self._lock:
+                self.writing.add(snapshot_id)
+        try:
+            yield
+        finally:
+            if snapshot_id:
+                with self._lock:
+                    self.writing.discard(snapshot_id)
+
+    @contextlib.contextmanager
     def holding(self, rec: JobRecord, busy: JobPhase) -> Iterator[None]:
         """Hold a running job for one operation (a freeze, a migration): refused while
         another holds it, or when the job is not running."""

@@ -22,6 +22,7 @@ node stops it.
 
 from __future__ import annotations
 
+import logging
 import secrets
 import threading
 import time
@@ -40,6 +41,7 @@ from snapshotter.v1 import agent_pb2, common_pb2, coordinator_pb2
 if TYPE_CHECKING:
     from snapshotter.coordinator.core import Coordinator, JobRecord
 
+log = logging.getLogger(__name__)
 pb = coordinator_pb2
 _RETRY = "the job trains on where it was; retry the migration"
 
@@ -65,13 +67,16 @@ class MigrateOperation(FreezeOperation):
         current: Callable[[str], AgentHandle | None] | None = None,
         ranks: Sequence[int] = (),
         source_agent: AgentHandle | None = None,
+        via_store: bool = False,
     ) -> None:
         """`source`: the node rank whose ranks move (with `ranks`, only those, from
         `source_agent`, which may hold ranks of another node rank too); `on_moved()`: record
         that the moved ranks run on the target now, and return the job's nodes (called
         before the source's parked copies end)."""
         super().__init__(spec, agents, store, False, settings, lambda _: None, current)
-        self.snapshot_id = ""  # nothing is stored
+        self.via_store = via_store
+        if not via_store:
+            self.snapshot_id = ""  # nothing is stored
         self.source_rank = source
         self.ranks = sorted(ranks)
         self.source = source_agent if source_agent is not None else self.agents[source]
@@ -114,30 +119,10 @@ class MigrateOperation(FreezeOperation):
         if moves_rdzv:  # the target's server imports the job's torch while the bytes move
             self._opening = True
             opener.start()
-        ticket = secrets.token_urlsafe(32)
-        recv = agent_pb2.ReceiveRequest(
-            job_id=self.spec.job_id, freeze_id=self.freeze_id, ticket=ticket,
-            source=src.address, source_name=src.name, streams=[r.stream for r in ranks],
-            bytes=image_bytes,
-        )  # fmt: skip
-        try:
-            src.stub.OfferImages(agent_pb2.OfferRequest(
-                job_id=self.spec.job_id, freeze_id=self.freeze_id, ticket=ticket), timeout=30)
-        except errors.SnapshotterError as e:
-            raise errors.MigrationFailed(
-                f"node {src.name} could not offer its ranks' images: {e.cause}", _RETRY
-            ) from e
-        try:
-            for ev in dst.stub.Receive(recv, timeout=s.resume_timeout + 600):
-                if ev.HasField("progress"):
-                    yield pb.FreezeEvent(progress=ev.progress)
-                elif ev.HasField("fetched"):
-                    self._op = ev.fetched.op
-        except errors.SnapshotterError as e:
-            raise errors.MigrationFailed(
-                f"node {dst.name} could not take the images of node {src.name}: {e.cause}",
-                _RETRY,
-            ) from e
+        if self.via_store:
+            yield from self._through_store(ranks)
+        else:
+            yield from self._agent_to_agent(ranks, image_bytes)
         transfer_s = time.monotonic() - t
         if moves_rdzv:
             opener.join()
@@ -191,6 +176,12 @@ class MigrateOperation(FreezeOperation):
 
         nodes = self._on_moved()
         yield pb.FreezeEvent(phase=common_pb2.PhaseEvent(phase="finish", node=src.name))
+        if self.via_store:  # restored: the chunks in the store served their purpose
+            try:
+                src.stub.DiscardUpload(self._ref(), timeout=120)
+            except errors.SnapshotterError as e:
+                log.warning("migration %s left chunks of %s for gc: %s", self.freeze_id,
+                            self.snapshot_id, e)  # fmt: skip
         self._finish(src, stop=True)
         for a in others:
             if a is not src:
@@ -204,6 +195,74 @@ class MigrateOperation(FreezeOperation):
                 image_bytes=image_bytes, ranks=sorted(r.rank for r in ranks),
             ),
         ))  # fmt: skip
+
+    def _agent_to_agent(
+        self, ranks: list[common_pb2.RankRecord], image_bytes: int
+    ) -> Iterator[coordinator_pb2.FreezeEvent]:
+        """The target reads the images straight from the source (agent/handoff.py)."""
+        src, dst = self.source, self.target
+        ticket = secrets.token_urlsafe(32)
+        recv = agent_pb2.ReceiveRequest(
+            job_id=self.spec.job_id, freeze_id=self.freeze_id, ticket=ticket,
+            source=src.address, source_name=src.name, streams=[r.stream for r in ranks],
+            bytes=image_bytes,
+        )  # fmt: skip
+        try:
+            src.stub.OfferImages(agent_pb2.OfferRequest(
+                job_id=self.spec.job_id, freeze_id=self.freeze_id, ticket=ticket), timeout=30)
+        except errors.SnapshotterError as e:
+            raise errors.MigrationFailed(
+                f"node {src.name} could not offer its ranks' images: {e.cause}", _RETRY
+            ) from e
+        try:
+            for ev in dst.stub.Receive(recv, timeout=self.settings.resume_timeout + 600):
+                if ev.HasField("progress"):
+                    yield pb.FreezeEvent(progress=ev.progress)
+                elif ev.HasField("fetched"):
+                    self._op = ev.fetched.op
+        except errors.SnapshotterError as e:
+            raise errors.MigrationFailed(
+                f"node {dst.name} could not take the images of node {src.name}: {e.cause}",
+                _RETRY,
+            ) from e
+
+    def _through_store(
+        self, ranks: list[common_pb2.RankRecord]
+    ) -> Iterator[coordinator_pb2.FreezeEvent]:
+        """`--via-store`: the source uploads the images as chunks of a snapshot that is never
+        committed (no manifest: invisible to `list` and `thaw`, an orphan for `gc` if this
+        coordinator dies), the target fetches them from the chunk list the source reported,
+        each chunk checked against its sha256, and the chunks are deleted once restored."""
+        src, dst = self.source, self.target
+        up = agent_pb2.UploadRequest(
+            job_id=self.spec.job_id, freeze_id=self.freeze_id, snapshot_id=self.snapshot_id
+        )
+        streams: dict[str, common_pb2.StreamInfo] = {}
+        self._uploaded = True  # from here on, a failure deletes the chunks
+        try:
+            for ev in src.stub.Upload(up):
+                if ev.HasField("progress"):
+                    yield pb.FreezeEvent(progress=ev.progress)
+                elif ev.HasField("uploaded"):
+                    streams.update(ev.uploaded.streams)
+        except errors.SnapshotterError as e:
+            raise errors.MigrationFailed(
+                f"node {src.name} could not upload its ranks' images: {e.cause}", _RETRY
+            ) from e
+        fetch = agent_pb2.FetchRequest(
+            snapshot_id=self.snapshot_id, streams=[r.stream for r in ranks], uncommitted=streams
+        )
+        try:
+            for ev in dst.stub.Fetch(fetch, timeout=self.settings.resume_timeout + 600):
+                if ev.HasField("progress"):
+                    yield pb.FreezeEvent(progress=ev.progress)
+                elif ev.HasField("fetched"):
+                    self._op = ev.fetched.op
+        except errors.SnapshotterError as e:
+            raise errors.MigrationFailed(
+                f"node {dst.name} could not fetch the images of node {src.name} from the "
+                f"store: {e.cause}", _RETRY,
+            ) from e  # fmt: skip
 
     def _finish(self, a: AgentHandle, stop: bool) -> None:
         """End the freeze on `a`; `stop`: the moved ranks' parked copies end there (all of
@@ -299,18 +358,27 @@ def migrate(c: Coordinator, req: pb.MigrateRequest) -> Iterator[pb.MigrateEvent]
         src = next(a for a in handles if a.name == src_name)
         op = MigrateOperation(rec.spec, handles, source, target, c.store, settings, moved,
                               current=lambda n: c.live_agents().get(n), ranks=ranks,
-                              source_agent=src)  # fmt: skip
+                              source_agent=src, via_store=req.via_store)  # fmt: skip
         op.plane = rec.plane
-        for ev in op.events():
-            if ev.HasField("done"):
-                st = ev.done.stats
-                rec.life.add("migrated", nodes=list(ev.done.nodes), took_s=st.downtime_s,
-                             detail=f"rank(s) {', '.join(map(str, st.ranks))} moved from "
-                             f"{src_name} to {req.to}: job stalled {st.downtime_s:.2f}s "
-                             f"(transfer {st.transfer_s:.2f}s)")  # fmt: skip
-                # It held collectives on purpose: no rank was hung meanwhile.
-                rec.life.progress = detect.reset(rec.life.progress, time.monotonic())
-            yield ev
+        with c.writing_snapshot(op.snapshot_id if req.via_store else None):
+            yield from _events(op, rec, src_name, req.to)
+
+
+def _events(
+    op: MigrateOperation, rec: JobRecord, src_name: str, to: str
+) -> Iterator[pb.MigrateEvent]:
+    """The operation's events; its end recorded as the job's `migrated` event."""
+    how = " through the store" if op.via_store else ""
+    for ev in op.events():
+        if ev.HasField("done"):
+            st = ev.done.stats
+            rec.life.add("migrated", nodes=list(ev.done.nodes), took_s=st.downtime_s,
+                         detail=f"rank(s) {', '.join(map(str, st.ranks))} moved from "
+                         f"{src_name} to {to}{how}: job stalled {st.downtime_s:.2f}s "
+                         f"(transfer {st.transfer_s:.2f}s)")  # fmt: skip
+            # It held collectives on purpose: no rank was hung meanwhile.
+            rec.life.progress = detect.reset(rec.life.progress, time.monotonic())
+        yield ev
 
 
 def _check(
@@ -318,11 +386,6 @@ def _check(
 ) -> tuple[int, AgentHandle, list[int], str]:
     """(the moving ranks' node rank, the target's agent, the single ranks that move (empty:
     the whole node), the source agent). Raises: InvalidArgument naming what is wrong."""
-    if req.via_store:
-        raise errors.InvalidArgument(
-            "--via-store is not supported yet: the images go from agent to agent",
-            "leave out --via-store",
-        )
     agents = rec.agents
     if req.HasField("rank") == bool(req.node) or not req.to:
         raise errors.InvalidArgument(

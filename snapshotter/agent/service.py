@@ -13,7 +13,7 @@ from snapshotter.agent.fencing import Fence
 from snapshotter.agent.node import NodeAgent
 from snapshotter.launch.env import RdzvAddress
 from snapshotter.launch.spec import JobSpec
-from snapshotter.rpc import auth
+from snapshotter.rpc import auth, convert
 from snapshotter.rpc.client import FENCE_KEY
 from snapshotter.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
@@ -105,7 +105,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         ).to_proto()
 
     def Fetch(self, req: agent_pb2.FetchRequest, ctx: Any) -> Iterator[agent_pb2.FetchEvent]:
-        return self.agent.thaws.fetch(req.snapshot_id, list(req.streams))
+        uncommitted = {n: convert.plain(s) for n, s in req.uncommitted.items()}
+        return self.agent.thaws.fetch(req.snapshot_id, list(req.streams), uncommitted or None)
 
     def DiscardFetch(self, req: agent_pb2.FetchRef, ctx: Any) -> common_pb2.Empty:
         self.agent.thaws.discard(req.op)

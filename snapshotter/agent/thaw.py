@@ -15,6 +15,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any
 
 from snapshotter import errors, parallel
 from snapshotter.agent import handoff, retention
@@ -71,19 +72,23 @@ class Thaws:
         self._lock = threading.Lock()
         self._fetched: dict[str, float] = {}  # op -> when its fetch completed (monotonic)
 
-    def fetch(self, snapshot_id: str, streams: list[str]) -> Iterator[agent_pb2.FetchEvent]:
+    def fetch(
+        self, snapshot_id: str, streams: list[str],
+        uncommitted: dict[str, Any] | None = None,
+    ) -> Iterator[agent_pb2.FetchEvent]:  # fmt: skip
         """Download and verify every chunk of `streams`, then unpack them, or take them from
         this node's local copy once it matched the committed manifest. Phase one of a thaw:
-        no process starts before every node fetched."""
+        no process starts before every node fetched. `uncommitted`: the streams' chunk lists
+        of a migration through the store, which commits no manifest."""
         op = f"thaw-{uuid.uuid4().hex[:12]}"
         work = self.paths.work_dir(op)
-        reader = SnapshotReader(self.store, snapshot_id)
+        reader = SnapshotReader(self.store, snapshot_id, uncommitted=uncommitted)
         t0 = time.monotonic()
         local = False
         try:
             yield agent_pb2.FetchEvent(phase=common_pb2.PhaseEvent(phase="fetch", node=self.node))
             manifest = reader.manifest()  # the store decides what the snapshot is
-            if self.copies is not None:
+            if self.copies is not None and uncommitted is None:
                 work.mkdir(parents=True, exist_ok=True)
                 local = self.copies.take(manifest, streams, work, self.parallelism)
             if not local:

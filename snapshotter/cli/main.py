@@ -441,7 +441,8 @@ def build_parser() -> argparse.ArgumentParser:
                        help="move only this rank (its node's other ranks stay)")
     m.add_argument("--to", required=True, help="the node to move them to")
     m.add_argument("--via-store", action="store_true",
-                   help="through object storage instead of agent to agent (not yet)")
+                   help="through object storage instead of agent to agent (agents that cannot "
+                   "reach each other)")
     m.add_argument("--quiesce-timeout", type=float, default=None)
 
     add("jobs", cmd_jobs, "list jobs")

@@ -33,6 +33,7 @@ from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import zstandard
 
@@ -72,8 +73,11 @@ class SnapshotReader:
     """
 
     def __init__(
-        self, store: ObjectStore, snapshot_id: str, *, workers: int = DEFAULT_WORKERS
+        self, store: ObjectStore, snapshot_id: str, *, workers: int = DEFAULT_WORKERS,
+        uncommitted: Mapping[str, Mapping[str, Any]] | None = None,
     ) -> None:
+        """`uncommitted`: read these streams (as `StreamInfo.to_dict()`) of a snapshot that
+        has no manifest (a migration through the store); every chunk is checked the same."""
         try:
             fmt.validate_name(snapshot_id)
         except ValueError as e:
@@ -82,6 +86,21 @@ class SnapshotReader:
         self.snapshot_id = snapshot_id
         self.workers = workers
         self._manifest: fmt.Manifest | None = None
+        if uncommitted is not None:
+            try:
+                streams = {n: fmt.stream_from_dict(n, s) for n, s in uncommitted.items()}
+            except (fmt.ManifestError, KeyError, TypeError, ValueError) as e:
+                raise SnapshotCorrupt(
+                    f"the chunk list of {snapshot_id!r} is malformed: {e}", _CORRUPT_NEXT_STEP
+                ) from e
+            for s in streams.values():
+                for c in s.chunks:
+                    if c.key != fmt.chunk_key(snapshot_id, s.name, c.index):
+                        raise SnapshotCorrupt(
+                            f"chunk {c.index} of stream {s.name} of {snapshot_id!r} names key "
+                            f"{c.key!r}, outside the snapshot", _CORRUPT_NEXT_STEP,
+                        )  # fmt: skip
+            self._manifest = fmt.Manifest(snapshot_id, 0.0, {}, streams)
         self._lock = threading.Lock()
         self._staged: dict[str, _Staged] = {}
 

@@ -262,12 +262,21 @@ class FinishFreezeRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., stop: _Optional[bool] = ..., committed: _Optional[bool] = ..., stop_ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("snapshot_id", "streams")
+    __slots__ = ("snapshot_id", "streams", "uncommitted")
+    class UncommittedEntry(_message.Message):
+        __slots__ = ("key", "value")
+        KEY_FIELD_NUMBER: _ClassVar[int]
+        VALUE_FIELD_NUMBER: _ClassVar[int]
+        key: str
+        value: _common_pb2.StreamInfo
+        def __init__(self, key: _Optional[str] = ..., value: _Optional[_Union[_common_pb2.StreamInfo, _Mapping]] = ...) -> None: ...
     SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
     STREAMS_FIELD_NUMBER: _ClassVar[int]
+    UNCOMMITTED_FIELD_NUMBER: _ClassVar[int]
     snapshot_id: str
     streams: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, snapshot_id: _Optional[str] = ..., streams: _Optional[_Iterable[str]] = ...) -> None: ...
+    uncommitted: _containers.MessageMap[str, _common_pb2.StreamInfo]
+    def __init__(self, snapshot_id: _Optional[str] = ..., streams: _Optional[_Iterable[str]] = ..., uncommitted: _Optional[_Mapping[str, _common_pb2.StreamInfo]] = ...) -> None: ...
 
 class Fetched(_message.Message):
     __slots__ = ("node", "op", "fetch_s", "local_copy")

@@ -270,7 +270,7 @@ def test_migrate_a_node_onto_a_spare_while_the_other_stays_in_memory(
     for bad in (["--node", "b", "--to", "nowhere"],
                 ["--node", "b", "--to", "a"], ["--node", "x", "--to", "c"],
                 ["--rank", "4", "--to", "c"], ["--rank", "3", "--to", "a"],
-                ["--node", "b", "--to", "c", "--via-store"]):  # fmt: skip
+                ["--node", "b", "--rank", "3", "--to", "c"]):  # fmt: skip
         p = cli.run("migrate", job, *bad, "--json", check=False)
         assert p.returncode == 2, (bad, p.stdout, p.stderr)
         assert "Traceback" not in p.stderr
@@ -525,7 +525,8 @@ def test_a_transformers_trainer_job_migrates_and_finishes_like_torchrun(
 ) -> None:
     """A Hugging Face Transformers `Trainer` job (DDP with find_unused_parameters, a
     DataLoader worker; nothing of snapshotter), one rank on each of nodes a and b: node b's
-    rank migrates to c mid-training, and the run ends with the parameters of the same
+    rank migrates to c mid-training through the store (`--via-store`: chunks never
+    committed, gone afterwards), and the run ends with the parameters of the same
     script under plain torchrun on nodes a and b (one rank each: the layout changes what
     the Trainer computes, so the reference has the job's)."""
     pytest.importorskip("transformers")
@@ -536,8 +537,12 @@ def test_a_transformers_trainer_job_migrates_and_finishes_like_torchrun(
     job = cli.start_job(out, "--steps", "160", "--step-sleep", "0.1", nproc=1, nodes="a,b",
                         script=script)  # fmt: skip
     cli.wait_step(job, 30, timeout=300)
-    res = cli.json("migrate", job, "--node", "b", "--to", "c")
+    res = cli.json("migrate", job, "--node", "b", "--to", "c", "--via-store")
     assert res["nodes"] == ["a", "c"] and res["stats"]["ranks"] == [1], res
+    assert "through the store" in _events(deployment, job, "migrated")[0]["detail"]
+    assert cli.json("list", "--job", job)["snapshots"] == []
+    server: SeaweedServer = deployment.server  # type: ignore[attr-defined]
+    assert server.keys(f"mn/snapshots/{job}-") == [], "the migration's chunks were left"
     done = cli.wait(job)
     assert done["state"] == "SUCCEEDED", (done, deployment.logs())
     assert read_json(out)["digest"] == reference

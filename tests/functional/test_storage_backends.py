@@ -772,3 +772,38 @@ def _no_leftover_threads() -> Iterator[None]:
     for t in extra:
         t.join(5)
     assert not [t.name for t in extra if t.is_alive()], "storage threads left running"
+
+
+def test_uncommitted_chunks_read_back_from_their_list_and_only_from_it(tmp_path: Path) -> None:
+    """A migration through the store (`migrate --via-store`) commits no manifest: the target
+    reads the streams from the chunk list the source reported, every chunk checked as a
+    committed snapshot's; a list naming a key outside the snapshot, or a chunk that changed,
+    is refused before anything is extracted."""
+    from snapshotter.errors import SnapshotCorrupt
+    from snapshotter.storage import LocalDirStore, SnapshotReader, SnapshotWriter
+
+    store = LocalDirStore(tmp_path / "store")
+    src = tmp_path / "rank-3"
+    src.mkdir()
+    (src / "pages-1.img").write_bytes(os.urandom(3 << 20))
+    (src / "core.img").write_bytes(b"core" * 100)
+    w = SnapshotWriter(store, "job-m-0001", chunk_size=1 << 20)
+    info = w.add_directory("rank-3", src).to_dict()
+    w.release()
+    assert store.head("snapshots/job-m-0001/manifest.json") is None  # invisible to list/thaw
+
+    reader = SnapshotReader(store, "job-m-0001", uncommitted={"rank-3": info})
+    reader.verify_and_fetch(tmp_path / "staging", streams=["rank-3"], decompress=False)
+    reader.extract_directories({"rank-3": tmp_path / "out"})
+    assert (tmp_path / "out" / "pages-1.img").read_bytes() == (src / "pages-1.img").read_bytes()
+
+    outside = {**info, "chunks": [{**info["chunks"][0], "key": "snapshots/other/chunks/x/0"},
+                                  *info["chunks"][1:]]}  # fmt: skip
+    with pytest.raises(SnapshotCorrupt, match="outside the snapshot"):
+        SnapshotReader(store, "job-m-0001", uncommitted={"rank-3": outside})
+    key = info["chunks"][1]["key"]
+    store.put_bytes(key, b"tampered")
+    with pytest.raises(SnapshotCorrupt):
+        SnapshotReader(store, "job-m-0001", uncommitted={"rank-3": info}).verify_and_fetch(
+            tmp_path / "staging2", streams=["rank-3"], decompress=False
+        )
