@@ -323,7 +323,8 @@ def reroute_suspect(c: Coordinator, rec: JobRecord, to: int) -> None:
     instead, it cannot park, and the job is left as it was (hang detection's to handle)."""
     rank, waited = rec.life.suspect or (-1, 0.0)
     why = (f"every rank had a collective in flight past the {link_deadline():.0f}s link "
-           f"deadline (rank {rank}: {waited:.1f}s) with no link down: a link may drop traffic")  # fmt: skip
+           f"deadline (rank {rank}: {waited:.1f}s) with no link down: a link may drop "
+           "traffic")
     try:
         reroute(c, rec, to, why, bridge=True, quiesce_timeout=SUSPECT_QUIESCE_S)
     except errors.SnapshotterError as e:
