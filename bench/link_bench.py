@@ -47,9 +47,17 @@ def _rerouted(dep: Deployment, job: str, n: int, timeout: float = 120) -> dict[s
     while time.monotonic() < deadline:
         evs = [e for e in dep.cli.json("events", job)["events"] if e["kind"] == "rerouted"]
         if len(evs) >= n:
+            print(f"  rerouted: {evs[n - 1]['detail']}", file=sys.stderr, flush=True)
             return evs[n - 1]
         time.sleep(0.2)
     raise RuntimeError(f"job {job} was not rerouted ({n}):\n{dep.logs()}")
+
+
+def _next_step(dep: Deployment, job: str, t0: float) -> float:
+    """Seconds from t0 until every rank logged a step after the reroute was recorded (no
+    rank can complete one while the job waits on the dead link): at most a step late."""
+    counts = {r: len(dep.cli.steps(job, r)) for r in range(4)}
+    return _first_new_step(dep, job, counts, t0)
 
 
 def _step_time(dep: Deployment, job: str, window_s: float = 8.0) -> float:
@@ -67,19 +75,17 @@ def one_round(dep: Deployment, server: SeaweedServer, work: Path, i: int) -> dic
         cli.wait_step(job, 30)
         out["step_s_plane0"] = _step_time(dep, job)
 
-        counts = {r: len(cli.steps(job, r)) for r in range(4)}
         t0 = time.monotonic()
         b.set_link(0, False)
-        out["carrier_to_step_s"] = _first_new_step(dep, job, counts, t0)
         out["carrier_stall_s"] = _rerouted(dep, job, 1)["took_s"]
+        out["carrier_to_step_s"] = _next_step(dep, job, t0)
         b.set_link(0, True)
         out["step_s_plane1"] = _step_time(dep, job)
 
-        counts = {r: len(cli.steps(job, r)) for r in range(4)}
         t0 = time.monotonic()
         b.block_link(1, True)
-        out["silent_to_step_s"] = _first_new_step(dep, job, counts, t0)
         out["silent_stall_s"] = _rerouted(dep, job, 2)["took_s"]
+        out["silent_to_step_s"] = _next_step(dep, job, t0)
         b.block_link(1, False)
 
         cli.wait_step(job, cli.last_step(job) + 5)

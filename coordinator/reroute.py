@@ -87,6 +87,9 @@ class RerouteOperation(FreezeOperation):
         self.frm, self.to, self.bridge = frm, to, bridge
         self.stall_s = 0.0
         self.quiesce_wait_s = 0.0
+        self.bridge_s = 0.0
+        self.park_s = 0.0
+        self.rebuild_s = 0.0
 
     def _routes(self) -> dict[str, list[tuple[str, str]]]:
         ips = {a.name: [x.ip for x in a.links] for a in self.agents}
@@ -117,11 +120,15 @@ class RerouteOperation(FreezeOperation):
         t0 = time.monotonic()
         if self.bridge:
             self._bridge(remove=False)
+        self.bridge_s = time.monotonic() - t0
         try:
             yield from self._quiesce()
             self.quiesce_wait_s = self._t_park - t0
+            self.park_s = self._quiesce_s
             self.plane = self.to
+            t_resume = time.monotonic()
             self._resume()
+            self.rebuild_s = time.monotonic() - t_resume
             self.stall_s = time.monotonic() - self._t_park
             fin = agent_pb2.FinishFreezeRequest(job_id=self.spec.job_id, freeze_id=self.freeze_id)
             on_all(self.agents, lambda a: a.stub.FinishFreeze(fin, timeout=60))
@@ -172,7 +179,8 @@ def reroute(
         rec.life.add(
             "rerouted", took_s=op.stall_s, nodes=list(rec.agents),
             detail=f"communicators moved from plane {frm} to plane {to} ({why}); job stalled "
-            f"{op.stall_s:.2f}s, {op.quiesce_wait_s:.2f}s to quiesce",
+            f"{op.stall_s:.2f}s (park {op.park_s:.2f}s, rebuild {op.rebuild_s:.2f}s; "
+            f"bridge routes {op.bridge_s:.2f}s before)",
         )  # fmt: skip
         # It held collectives on purpose: no rank was hung meanwhile.
         rec.life.progress = detect.reset(rec.life.progress, time.monotonic())
