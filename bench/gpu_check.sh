@@ -37,7 +37,7 @@ fi
 
 if [[ "${1:-}" == "--rehearse" ]]; then
     .venv/bin/python bench/gpu_health_check.py --fake --seconds 1
-    exec .venv/bin/python bench/gpu_check.py --driver fake --device cpu --steps 30 \
+    exec .venv/bin/python bench/gpu_check.py --driver fake --device cpu --steps 60 \
         --freeze-at 10 --width 256 --layers 2 --work "${TMPDIR:-/tmp}/snapshotter-gpu-rehearsal"
 fi
 
