@@ -214,17 +214,24 @@ class MigrateOperation(FreezeOperation):
             raise errors.MigrationFailed(
                 f"node {src.name} could not offer its ranks' images: {e.cause}", _RETRY
             ) from e
+        yield from self._taken(
+            lambda: dst.stub.Receive(recv, timeout=self.settings.resume_timeout + 600),
+            f"node {dst.name} could not take the images of node {src.name}",
+        )
+
+    def _taken(
+        self, call: Callable[[], Iterator[agent_pb2.FetchEvent]], failed: str
+    ) -> Iterator[coordinator_pb2.FreezeEvent]:
+        """The target's side of a transfer: its progress passed on, its op kept for the
+        restore; a failure says `failed` and why."""
         try:
-            for ev in dst.stub.Receive(recv, timeout=self.settings.resume_timeout + 600):
+            for ev in call():
                 if ev.HasField("progress"):
                     yield pb.FreezeEvent(progress=ev.progress)
                 elif ev.HasField("fetched"):
                     self._op = ev.fetched.op
         except errors.SnapshotterError as e:
-            raise errors.MigrationFailed(
-                f"node {dst.name} could not take the images of node {src.name}: {e.cause}",
-                _RETRY,
-            ) from e
+            raise errors.MigrationFailed(f"{failed}: {e.cause}", _RETRY) from e
 
     def _through_store(
         self, ranks: list[common_pb2.RankRecord]
@@ -252,17 +259,10 @@ class MigrateOperation(FreezeOperation):
         fetch = agent_pb2.FetchRequest(
             snapshot_id=self.snapshot_id, streams=[r.stream for r in ranks], uncommitted=streams
         )
-        try:
-            for ev in dst.stub.Fetch(fetch, timeout=self.settings.resume_timeout + 600):
-                if ev.HasField("progress"):
-                    yield pb.FreezeEvent(progress=ev.progress)
-                elif ev.HasField("fetched"):
-                    self._op = ev.fetched.op
-        except errors.SnapshotterError as e:
-            raise errors.MigrationFailed(
-                f"node {dst.name} could not fetch the images of node {src.name} from the "
-                f"store: {e.cause}", _RETRY,
-            ) from e  # fmt: skip
+        yield from self._taken(
+            lambda: dst.stub.Fetch(fetch, timeout=self.settings.resume_timeout + 600),
+            f"node {dst.name} could not fetch the images of node {src.name} from the store",
+        )
 
     def _finish(self, a: AgentHandle, stop: bool) -> None:
         """End the freeze on `a`; `stop`: the moved ranks' parked copies end there (all of
