@@ -40,6 +40,7 @@ class JobLife:
     last_traceback: str = ""
     # No data-link plane works on all its nodes, and that was reported (coordinator/reroute.py).
     links_down: bool = False
+    links_down_since: float | None = None  # when no plane worked on all its nodes any more
     # When a collective stuck past the link deadline last made us try another plane.
     link_suspected_at: float | None = None
     suspect: tuple[int, float] | None = None  # (rank, seconds) its collective was stuck

@@ -59,6 +59,16 @@ SUSPECT_BACKOFF_S = 60.0
 SUSPECT_QUIESCE_S = 30.0
 
 
+def links_down_grace() -> float:
+    """Seconds no plane may work before a job is frozen for it (SNAPSHOTTER_LINKS_DOWN_GRACE_S,
+    default 5): a link that flaps, or whose state comes back a moment late, is not a loss."""
+    try:
+        v = float(os.environ.get("SNAPSHOTTER_LINKS_DOWN_GRACE_S", "5"))
+    except ValueError:
+        return 5.0
+    return v if v >= 0 else 5.0
+
+
 def link_deadline() -> float:
     try:
         v = float(os.environ.get("SNAPSHOTTER_LINK_DEADLINE_S", DEFAULT_LINK_DEADLINE_S))
@@ -249,17 +259,22 @@ def _try(c: Coordinator, rec: JobRecord, to: int, why: str, bridge: bool) -> pb.
                            error=str(e))  # fmt: skip
 
 
-def needs_move(c: Coordinator, rec: JobRecord) -> bool:
+def needs_move(c: Coordinator, rec: JobRecord, now: float) -> bool:
     """Whether a job's plane no longer works on all its nodes (from the last heartbeats:
-    no call to any agent), or it cannot move and has not been reported yet."""
+    no call to any agent), or no plane has worked for LINKS_DOWN_GRACE_S and that was not
+    reported yet (a link coming back meanwhile, or reporting itself back late, moves the
+    job instead of stopping it)."""
     handles = c.job_handles(rec)
     if len(handles) != len(rec.agents) or all(not h.links for h in handles):
         return False
     to = next_plane(rec.plane, [c.link_usable(h) for h in handles])
-    if to == rec.plane:
+    if to is not None:
         rec.life.links_down = False
-        return False
-    return to is not None or not rec.life.links_down
+        rec.life.links_down_since = None
+        return to != rec.plane
+    if rec.life.links_down_since is None:
+        rec.life.links_down_since = now
+    return not rec.life.links_down and now - rec.life.links_down_since >= links_down_grace()
 
 
 def check_links(c: Coordinator, rec: JobRecord) -> None:

@@ -102,7 +102,7 @@ class Supervisor:
         for rec in self.c.unfinished():
             if rec.busy is not None or rec.life.busy():
                 continue
-            if reroute.needs_move(self.c, rec):
+            if reroute.needs_move(self.c, rec, self.clock()):
                 self._start(rec, "reroute", functools.partial(reroute.check_links, self.c, rec))
                 continue
             to = reroute.suspect(self.c, rec, self.clock())

@@ -323,6 +323,18 @@ def _wait_events(
     )
 
 
+def _seen_up(deployment: Deployment, node: str, plane: int, timeout: float = 30) -> None:
+    """Until the coordinator knows the link is up again (the kernel reports a carrier back
+    up to a second late, and the agent then heartbeats)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        rows = deployment.cli.json("link", "list")["links"]
+        if any(r["node"] == node and r["plane"] == plane and r["up"] for r in rows):
+            return
+        time.sleep(0.3)
+    raise AssertionError(f"link {plane} of {node} is not seen up again in {timeout}s")
+
+
 def _links_up(deployment: Deployment) -> None:
     for node in deployment.cluster:
         for plane in range(len(node.links)):
@@ -357,12 +369,14 @@ def test_a_link_killed_mid_collective_moves_the_job_to_the_other_link(
         assert cli.json("status", job)["plane"] == 1
         cli.wait_step(job, cli.last_step(job) + 5)
         b.set_link(0, True)
+        _seen_up(deployment, "b", 0)
         a.set_link(1, False, side="node")
         second = _wait_events(deployment, job, "rerouted", n=2)[-1]
         assert f"a:{a.links[1]} down" in second["detail"], second
         assert cli.json("status", job)["plane"] == 0
         cli.wait_step(job, cli.last_step(job) + 5)
         a.set_link(1, True, side="node")
+        _seen_up(deployment, "a", 1)
         b.block_link(0, True)
         third = _wait_events(deployment, job, "rerouted", n=3)[-1]
         assert "link deadline" in third["detail"], third
