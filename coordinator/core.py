@@ -656,9 +656,7 @@ class Coordinator:
                                  on_committed=committed,
                                  current=lambda n: self.live_agents().get(n))  # fmt: skip
             op.plane = rec.plane
-            with self._lock:
-                self.writing.add(op.snapshot_id)
-            try:
+            with self.writing_snapshot(op.snapshot_id):
                 for ev in op.run():
                     if ev.HasField("done"):
                         if ev.done.stats.HasField("stall_s"):
@@ -666,9 +664,6 @@ class Coordinator:
                         # It held collectives on purpose: no rank was hung meanwhile.
                         rec.life.progress = detect.reset(rec.life.progress, time.monotonic())
                     yield ev
-            finally:
-                with self._lock:
-                    self.writing.discard(op.snapshot_id)
 
     @contextlib.contextmanager
     def writing_snapshot(self, snapshot_id: str | None) -> Iterator[None]:

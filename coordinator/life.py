@@ -43,7 +43,6 @@ class JobLife:
     links_down_since: float | None = None  # when no plane worked on all its nodes any more
     # When a collective stuck past the link deadline last made us try another plane.
     link_suspected_at: float | None = None
-    suspect: tuple[int, float] | None = None  # (rank, seconds) its collective was stuck
     # The background thread working on this job (a policy freeze or a recovery), if any.
     worker: threading.Thread | None = None
     lock: threading.Lock = field(default_factory=threading.Lock)

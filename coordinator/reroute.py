@@ -96,7 +96,6 @@ class RerouteOperation(FreezeOperation):
         self.snapshot_id = ""  # nothing is stored
         self.frm, self.to, self.bridge = frm, to, bridge
         self.stall_s = 0.0
-        self.quiesce_wait_s = 0.0
         self.bridge_s = 0.0
         self.park_s = 0.0
         self.rebuild_s = 0.0
@@ -133,7 +132,6 @@ class RerouteOperation(FreezeOperation):
         self.bridge_s = time.monotonic() - t0
         try:
             yield from self._quiesce()
-            self.quiesce_wait_s = self._t_park - t0
             self.park_s = self._quiesce_s
             self.plane = self.to
             t_resume = time.monotonic()
@@ -197,10 +195,6 @@ def reroute(
     return out
 
 
-def link_names(a: AgentHandle) -> list[str]:
-    return [x.name for x in a.links]
-
-
 def link(c: Coordinator, req: pb.LinkRequest) -> pb.LinkReply:
     """Drain a node's data link (every job on it moves to another plane) or restore it (jobs
     drained off it come back to their home plane, 0)."""
@@ -210,7 +204,7 @@ def link(c: Coordinator, req: pb.LinkRequest) -> pb.LinkReply:
             f"node {req.node!r} is not registered or its agent does not answer",
             "`snapshotter nodes` lists the live nodes",
         )
-    names = link_names(a)
+    names = [x.name for x in a.links]
     if req.iface not in names:
         raise errors.InvalidArgument(
             f"node {req.node} has no data link {req.iface!r}"
@@ -259,13 +253,21 @@ def _try(c: Coordinator, rec: JobRecord, to: int, why: str, bridge: bool) -> pb.
                            error=str(e))  # fmt: skip
 
 
+def _linked(c: Coordinator, rec: JobRecord) -> list[AgentHandle] | None:
+    """The job's agents, when all answer and some have data links to move between."""
+    handles = c.job_handles(rec)
+    if len(handles) != len(rec.agents) or all(not h.links for h in handles):
+        return None
+    return handles
+
+
 def needs_move(c: Coordinator, rec: JobRecord, now: float) -> bool:
     """Whether a job's plane no longer works on all its nodes (from the last heartbeats:
     no call to any agent), or no plane has worked for LINKS_DOWN_GRACE_S and that was not
     reported yet (a link coming back meanwhile, or reporting itself back late, moves the
     job instead of stopping it)."""
-    handles = c.job_handles(rec)
-    if len(handles) != len(rec.agents) or all(not h.links for h in handles):
+    handles = _linked(c, rec)
+    if handles is None:
         return False
     to = next_plane(rec.plane, [c.link_usable(h) for h in handles])
     if to is not None:
@@ -280,8 +282,8 @@ def needs_move(c: Coordinator, rec: JobRecord, now: float) -> bool:
 def check_links(c: Coordinator, rec: JobRecord) -> None:
     """The supervisor's look at one running job's links: move it when its plane failed;
     when none works, freeze it to storage if it can still quiesce, else report."""
-    handles = c.job_handles(rec)
-    if len(handles) != len(rec.agents) or all(not h.links for h in handles):
+    handles = _linked(c, rec)
+    if handles is None:
         return
     usable = [c.link_usable(h) for h in handles]
     to = next_plane(rec.plane, usable)
@@ -312,12 +314,13 @@ def check_links(c: Coordinator, rec: JobRecord) -> None:
                      f"back, newest snapshot {newest or 'none'} kept")  # fmt: skip
 
 
-def suspect(c: Coordinator, rec: JobRecord, now: float) -> int | None:
-    """The plane to try when every rank of a job has had a collective in flight past the
-    link deadline (a link that drops traffic without going down), or None. Asks the ranks
-    (a progress sample) only for a job that has another plane to go to."""
-    handles = c.job_handles(rec)
-    if len(handles) != len(rec.agents) or all(not h.links for h in handles):
+def suspect(c: Coordinator, rec: JobRecord, now: float) -> tuple[int, int, float] | None:
+    """(the plane to try, the rank waiting longest, how long) when every rank of a job has
+    had a collective in flight past the link deadline (a link that drops traffic without
+    going down), or None. Asks the ranks (a progress sample) only for a job that has another
+    plane to go to."""
+    handles = _linked(c, rec)
+    if handles is None:
         return None
     last = rec.life.link_suspected_at
     if last is not None and now - last < SUSPECT_BACKOFF_S:
@@ -336,15 +339,14 @@ def suspect(c: Coordinator, rec: JobRecord, now: float) -> int | None:
     if found is None:
         return None
     rec.life.link_suspected_at = now
-    rec.life.suspect = found
-    return to
+    return (to, *found)
 
 
-def reroute_suspect(c: Coordinator, rec: JobRecord, to: int) -> None:
-    """Try plane `to` for a job whose collectives are stuck, bridging its current plane: if
-    a link drops their traffic, the collectives complete and the job moves; if a rank hangs
-    instead, it cannot park, and the job is left as it was (hang detection's to handle)."""
-    rank, waited = rec.life.suspect or (-1, 0.0)
+def reroute_suspect(c: Coordinator, rec: JobRecord, to: int, rank: int, waited: float) -> None:
+    """Try plane `to` for a job whose collectives are stuck (rank `rank` for `waited`
+    seconds), bridging its current plane: if a link drops their traffic, the collectives
+    complete and the job moves; if a rank hangs instead, it cannot park, and the job is left
+    as it was (hang detection's to handle)."""
     why = (f"every rank had a collective in flight past the {link_deadline():.0f}s link "
            f"deadline (rank {rank}: {waited:.1f}s) with no link down: a link may drop "
            "traffic")

@@ -105,10 +105,10 @@ class Supervisor:
             if reroute.needs_move(self.c, rec, self.clock()):
                 self._start(rec, "reroute", functools.partial(reroute.check_links, self.c, rec))
                 continue
-            to = reroute.suspect(self.c, rec, self.clock())
-            if to is not None:
+            found = reroute.suspect(self.c, rec, self.clock())
+            if found is not None:
                 self._start(rec, "reroute", functools.partial(reroute.reroute_suspect, self.c,
-                                                              rec, to))  # fmt: skip
+                                                              rec, *found))  # fmt: skip
         for rec in self.c.supervised():
             try:
                 self._job(rec)

@@ -414,14 +414,12 @@ class Freezes:
         images as the job's local copy for a thaw here). `stop_ranks` end, and leave the job
         here, without failing it: a migration restored them on another node."""
         job = self.jobs.get(job_id)
+        with self._lock:
+            fr = self._freezes.get(freeze_id)
         if stop_ranks:
-            with self._lock:
-                fr = self._freezes.get(freeze_id)
             if fr is not None:
                 fr.gpu = None  # only the moved ranks were checkpointed: they end as they are
             job.let_go(set(stop_ranks))
-        with self._lock:
-            fr = self._freezes.get(freeze_id)
         if committed and fr is not None and fr.writer is not None and self.copies is not None:
             streams = [fr.records[k].stream for k in sorted(fr.records)]
             self.copies.keep(job_id, fr.writer.snapshot_id, fr.work, streams)

@@ -11,8 +11,9 @@ the collectives in flight on the dead link to finish. `bridge` makes them finish
 each peer's address on the failed plane through that peer's address on a healthy plane, so
 that TCP's retransmissions reach it and the collective completes with the values it was
 issued with (a local address stays local even on a link that is down, so the peer accepts
-them). The routes are host routes tagged with our own protocol number: `unbridge` and a
-restarted agent remove exactly ours. NCCL over RDMA has no such route: see the README.
+them). The routes are host routes tagged with our own protocol number: removing them
+(`bridge(..., remove=True)`) and a restarted agent (`clear_bridges`) touch exactly ours.
+NCCL over RDMA has no such route: see the README.
 
 Without `--link` a node has one plane, its listen address's interface, and nothing moves.
 """
@@ -121,15 +122,12 @@ class Links:
         return {**self.base_env, **node_network_env(name, {})}
 
     def states(self) -> list[Link]:
-        out = []
-        for n in self.names:
-            out.append(Link(n, ipv4_of(n), is_up(flags_of(n))))
-        return out
+        return [Link(n, ipv4_of(n), is_up(flags_of(n))) for n in self.names]
 
     def bridge(self, plane: int, routes: Sequence[tuple[str, str]], remove: bool) -> None:
         """Route each `dst` via `via` through this node's link of `plane` (or remove those
-        routes). Raises: InvalidArgument for a plane this node lacks; NodeError when `ip`
-        refuses."""
+        routes). Raises: InvalidArgument for a plane this node lacks; RerouteFailed when
+        `ip` refuses."""
         dev = self.names[plane] if 0 <= plane < len(self.names) else None
         if dev is None:
             raise errors.InvalidArgument(
