@@ -1,4 +1,6 @@
-"""Garbage collection of orphaned snapshots: chunks under `snapshots/<id>/` with no manifest.
+"""Garbage collection: orphaned snapshots, and shared chunks no snapshot references.
+
+Orphans (format 1): chunks under `snapshots/<id>/` with no manifest.
 
 A freeze that fails cleans up after itself, but one whose coordinator or agent is killed
 mid-upload leaves its chunks behind, invisible to `list` and `thaw` and never reclaimed. A
@@ -10,6 +12,18 @@ freeze still uploading looks exactly the same, so an orphan is collected only wh
 (another coordinator on the same store, a stalled upload). The decision (`collectable`) is pure;
 `gc_report` does the listing and, when asked, the deleting. This module must never delete a
 committed snapshot: it re-checks for a manifest right before each delete.
+
+Shared chunks (format 2, `chunks/<sha256>`) are reference-counted by manifests: one is swept
+when
+
+    no committed manifest lists it  and  now - its mtime >= min_age_s  and  not busy
+
+`busy`: a freeze of this coordinator is writing (its agents may have found the chunk stored and
+not yet committed the manifest that lists it). The grace period covers other coordinators'
+freezes, whose new chunks are young; one of theirs that found an old unreferenced chunk stored
+commits only after checking every chunk is still there (commit.py), so a sweep racing it fails
+that freeze cleanly rather than breaking a snapshot. Manifests are listed again right before
+the deletes, so a snapshot committed meanwhile keeps its chunks.
 """
 
 from __future__ import annotations
@@ -21,8 +35,8 @@ from typing import Any
 
 from snapshotter import errors
 from snapshotter.storage import format as fmt
-from snapshotter.storage.api import ObjectInfo, ObjectStore
-from snapshotter.storage.catalog import delete_snapshot, find_orphans
+from snapshotter.storage.api import ObjectInfo, ObjectMissing, ObjectStore
+from snapshotter.storage.catalog import delete_snapshot, find_orphans, list_snapshots
 
 DEFAULT_MIN_AGE_S = 3600.0
 
@@ -33,6 +47,7 @@ DELETED = "deleted"
 FAILED = "failed"  # a delete was tried and left keys behind (or the store refused)
 
 IN_PROGRESS = "being written by a freeze of this coordinator"
+BUSY = "a freeze of this coordinator is writing; shared chunks are swept when none is"
 COMMITTED_MEANWHILE = "committed while gc ran"
 
 
@@ -82,6 +97,81 @@ def collectable(
     return collect, kept
 
 
+def sweepable(
+    chunks: Mapping[str, float], referenced: AbstractSet[str], busy: bool, now: float,
+    min_age_s: float,
+) -> tuple[list[str], int, str]:  # fmt: skip
+    """Of the shared chunks (key -> mtime), the keys to delete, sorted; how many unreferenced
+    ones are kept, and why.
+
+    Raises:
+        InvalidArgument: `min_age_s` is negative or not finite.
+    """
+    check_min_age(min_age_s)
+    unreferenced = sorted(k for k in chunks if k not in referenced)
+    if busy and unreferenced:
+        return [], len(unreferenced), BUSY
+    old = [k for k in unreferenced if now - chunks[k] >= min_age_s]
+    kept = len(unreferenced) - len(old)
+    why = f"written in the last {min_age_s:.0f}s (a freeze may still need them)" if kept else ""
+    return old, kept, why
+
+
+def referenced_chunks(store: ObjectStore) -> tuple[set[str], set[str]]:
+    """The shared chunks committed manifests list, and the ids of those manifests.
+
+    Raises:
+        StorageUnavailable: the store could not be listed or read.
+    """
+    keys: set[str] = set()
+    ids: set[str] = set()
+    for sid in list_snapshots(store):
+        try:
+            m = fmt.Manifest.from_json(store.get_bytes(fmt.manifest_key(sid)))
+        except ObjectMissing:
+            continue  # deleted since listed
+        except fmt.ManifestError:
+            # Unreadable: its chunks are unknown, so none may go (the sweep keeps everything).
+            raise errors.SnapshotCorrupt(
+                f"manifest of snapshot {sid!r} in {store.describe()} is unreadable, so gc "
+                "cannot tell which shared chunks it needs",
+                f"delete it (`snapshotter delete {sid}`) or restore the manifest, then rerun gc",
+            ) from None
+        keys |= m.content_keys()
+        ids.add(sid)
+    return keys, ids
+
+
+def sweep_chunks(
+    store: ObjectStore, busy: bool, *, now: float, min_age_s: float, delete: bool
+) -> dict[str, Any]:
+    """The shared-chunk half of `gc_report`, as a plain GcChunks."""
+    chunks = {o.key: o for o in store.list_objects(fmt.CONTENT_PREFIX)}
+    referenced, seen = referenced_chunks(store)
+    go, kept, why = sweepable({k: o.mtime for k, o in chunks.items()}, referenced, busy, now,
+                              min_age_s)  # fmt: skip
+    failed: set[str] = set()
+    if delete and go:
+        # A snapshot committed since the listing above keeps what it lists.
+        again, ids = referenced_chunks(store)
+        if ids - seen:
+            go = [k for k in go if k not in again]
+        failed = set(store.delete_keys(go))
+    gone = [k for k in go if k not in failed]
+    unreferenced = [o for k, o in chunks.items() if k not in referenced]
+    return {
+        "stored": len(chunks),
+        "stored_bytes": sum(o.size for o in chunks.values()),
+        "unreferenced": len(unreferenced),
+        "unreferenced_bytes": sum(o.size for o in unreferenced),
+        "collected": len(gone),
+        "collected_bytes": sum(chunks[k].size for k in gone),
+        "kept": kept,
+        "failed": len(failed),
+        "reason": why,
+    }
+
+
 def gc_report(
     store: ObjectStore,
     in_progress: AbstractSet[str],
@@ -98,7 +188,8 @@ def gc_report(
                       "newest_age_s": float, "action": "kept" | "collectable" | "deleted"
                       | "failed", "reason": str, "failed_keys": [str]}],
          "summary": {"orphans", "objects", "bytes", "kept", "collected",
-                     "collected_bytes", "failed", "failed_keys": int}}
+                     "collected_bytes", "failed", "failed_keys": int},
+         "chunks": GcChunks (coordinator.proto) of the shared-chunk sweep}
 
     "collected" counts "collectable" in a dry run and "deleted" otherwise. Deleting goes on
     past a failing orphan; a failure is reported in its entry, not raised.
@@ -140,6 +231,9 @@ def gc_report(
         "delete": delete,
         "orphans": orphans,
         "summary": _summary(orphans),
+        "chunks": sweep_chunks(
+            store, bool(in_progress), now=now, min_age_s=min_age_s, delete=delete
+        ),
     }
 
 

@@ -14,6 +14,12 @@ SNAPSHOTTER_LOCAL_COPY_BYTES  how much of the home's disk the newest snapshot of
 SNAPSHOTTER_UPLOAD_NICE  CPU priority (nice 0..19, default 19) of a freeze's upload while the
                      job trains on: it yields every core the job wants and uses the idle rest
                      (with --stop the ranks are held, and the upload runs at full priority)
+SNAPSHOTTER_FORMAT_VERSION  snapshot format written: 2 (default; shared, deduplicated chunks)
+                     or 1 (a fleet with agents that read only 1)
+SNAPSHOTTER_CODEC    auto (default: zstd where a sample compresses, raw elsewhere) | zstd |
+                     lz4 | none; SNAPSHOTTER_ZSTD_LEVEL (default 1)
+SNAPSHOTTER_CHUNK_CACHE_BYTES  disk for the node's cache of stored chunks (default 4 GiB;
+                     0: none)
 """
 
 from __future__ import annotations
@@ -23,6 +29,10 @@ import os
 import tempfile
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
+
+if TYPE_CHECKING:
+    from snapshotter.storage.codec import CodecPolicy
 
 # sun_path holds 108 bytes; leave room for "/coordinator.sock" and the NUL.
 _MAX_SOCKET_DIR = 88
@@ -152,3 +162,45 @@ def upload_nice() -> int:
     Raises: InvalidArgument if it is not a whole number in 0..19.
     """
     return _whole_number("SNAPSHOTTER_UPLOAD_NICE", "19", "set a nice value from 0 to 19", top=19)
+
+
+def format_version() -> int:
+    """SNAPSHOTTER_FORMAT_VERSION (default 2): the snapshot format agents write. 1 (per-snapshot
+    chunks, no dedup) only while some agent of the fleet still runs a release that reads only 1.
+
+    Raises: InvalidArgument if it is not 1 or 2.
+    """
+    return _whole_number(
+        "SNAPSHOTTER_FORMAT_VERSION", "2", "set 2 (default) or 1 for a fleet with older readers",
+        top=2,
+    ) or 2
+
+
+def codec_policy() -> CodecPolicy:
+    """SNAPSHOTTER_CODEC (auto|zstd|lz4|none, default auto: zstd level SNAPSHOTTER_ZSTD_LEVEL,
+    default 1, for chunks a sample shows compressible, none for the rest).
+
+    Raises: InvalidArgument for an unknown codec or a level outside 1..19.
+    """
+    from snapshotter import errors
+    from snapshotter.storage.codec import CODECS, CodecPolicy
+
+    codec = os.environ.get("SNAPSHOTTER_CODEC", "").strip() or "auto"
+    if codec not in CODECS:
+        raise errors.InvalidArgument(
+            f"SNAPSHOTTER_CODEC={codec!r} is not a known codec", f"use one of {', '.join(CODECS)}"
+        )
+    level = _whole_number("SNAPSHOTTER_ZSTD_LEVEL", "1", "set a zstd level from 1 to 19", top=19)
+    return CodecPolicy(codec=codec, zstd_level=max(level, 1))
+
+
+def chunk_cache_bytes() -> int:
+    """SNAPSHOTTER_CHUNK_CACHE_BYTES (default 4 GiB; 0: no cache): how much disk the node's
+    cache of stored chunks may use, so a thaw or migration onto a node that has them fetches
+    nothing again.
+
+    Raises: InvalidArgument if it is not a whole number >= 0.
+    """
+    return _whole_number(
+        "SNAPSHOTTER_CHUNK_CACHE_BYTES", str(4 << 30), "set bytes, or 0 for no chunk cache"
+    )

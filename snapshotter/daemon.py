@@ -33,7 +33,7 @@ from snapshotter.agent.links import LinkWatcher, check_links
 from snapshotter.agent.netenv import interface_of, node_network_env
 from snapshotter.agent.node import NodeAgent, NodeSettings
 from snapshotter.agent.retention import Retention
-from snapshotter.config import Paths, default_home, keep_jobs, store_url
+from snapshotter.config import Paths, chunk_cache_bytes, default_home, keep_jobs, store_url
 from snapshotter.coordinator import service as coordinator_service
 from snapshotter.coordinator.core import Coordinator
 from snapshotter.coordinator.drain import drain_node
@@ -42,6 +42,9 @@ from snapshotter.coordinator.supervisor import Supervisor
 from snapshotter.keeper import ENV as KEEPER_ENV
 from snapshotter.rpc.client import Target, coordinator_client
 from snapshotter.rpc.server import Listen, serve
+from snapshotter.storage.api import ObjectStore
+from snapshotter.storage.cache import CachedStore
+from snapshotter.storage.local import LocalDirStore
 from snapshotter.storage.url import open_store
 from snapshotter.v1 import coordinator_pb2
 
@@ -119,6 +122,15 @@ def _drained(reply: coordinator_pb2.DrainReply) -> None:
                     f"; thawed on {','.join(j.thawed_on)}" if j.thawed_on else "")  # fmt: skip
 
 
+def node_store(store: ObjectStore, paths: Paths) -> ObjectStore:
+    """The store as a node agent uses it: behind the node's chunk cache, unless the store is
+    a local directory already (or SNAPSHOTTER_CHUNK_CACHE_BYTES=0)."""
+    limit = chunk_cache_bytes()
+    if limit <= 0 or isinstance(store, LocalDirStore):
+        return store
+    return CachedStore(store, paths.home / "chunk-cache", limit)
+
+
 def serve_embedded(paths: Paths, bind_host: str = "127.0.0.1") -> int:
     paths.home.mkdir(parents=True, exist_ok=True)
     url = store_url(paths)
@@ -133,7 +145,7 @@ def serve_embedded(paths: Paths, bind_host: str = "127.0.0.1") -> int:
         policy=ExecPolicy(anything=True),
         retention=Retention(finished_jobs=keep_jobs()),
     )
-    agent = NodeAgent(settings, store)
+    agent = NodeAgent(settings, node_store(store, paths))
     agent_server = serve(
         "agent",
         Listen(f"unix:{paths.run_dir / 'agent.sock'}"),
@@ -282,7 +294,7 @@ def serve_agent(cfg: AgentConfig) -> int:
         peer_tls=cfg.listen.tls,
         links=cfg.links,
     )
-    agent = NodeAgent(settings, open_store(cfg.store_url))
+    agent = NodeAgent(settings, node_store(open_store(cfg.store_url), cfg.paths))
     fence = Fence(on_newer=agent.freezes.expire_all)
     stop = _stop_event()
     server = serve(

@@ -80,3 +80,10 @@ def make_snap(tmp_path: Path) -> Iterator[Callable[..., SnapCli]]:
 @pytest.fixture()
 def snap(make_snap: Callable[..., SnapCli]) -> SnapCli:
     return make_snap()
+
+
+@pytest.fixture
+def format_1(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Writers in this test write format 1 (per-snapshot chunks), what agents write while a
+    fleet still has readers of only that format: its own layout and its own failure paths."""
+    monkeypatch.setenv("SNAPSHOTTER_FORMAT_VERSION", "1")

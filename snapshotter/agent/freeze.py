@@ -34,6 +34,7 @@ from snapshotter.rpc import convert
 from snapshotter.sandbox import criu, files
 from snapshotter.sandbox.spawn import PRIVATE_TMP
 from snapshotter.storage.api import ObjectStore
+from snapshotter.storage.format import StreamInfo
 from snapshotter.storage.transfer import Progress, SnapshotWriter
 from snapshotter.v1 import agent_pb2, common_pb2
 
@@ -98,6 +99,9 @@ class Freeze:
     resumed: set[int] = field(default_factory=set)
 
 
+_SEEDS_KEPT = 64
+
+
 class Freezes:
     """Every freeze in progress on this node, by freeze id."""
 
@@ -125,6 +129,9 @@ class Freezes:
         self.lease_s = lease_s
         self._lock = threading.Lock()
         self._freezes: dict[str, Freeze] = {}
+        # Per job, the streams this node last uploaded: the next freeze's dedup seed, so its
+        # unchanged chunks cost no hashing beyond xxh3 and no request (storage/dedup.py).
+        self._last_streams: dict[str, list[StreamInfo]] = {}
 
     # ---- phases ----------------------------------------------------------------------------
 
@@ -339,6 +346,7 @@ class Freezes:
                 progress=common_pb2.TransferProgress(
                     node=self.node, stream=p.stream, raw_bytes=p.total_raw_bytes,
                     stored_bytes=p.total_stored_bytes, rate=p.raw_rate,
+                    uploaded_bytes=p.uploaded_bytes,
                 )
             )  # fmt: skip
             with cv:
@@ -353,16 +361,25 @@ class Freezes:
             try:
                 if background:
                     lower_this_thread(self.upload_nice)
-                writer = SnapshotWriter(self.store, snapshot_id, progress=progress)
+                with self._lock:
+                    seed = self._last_streams.get(fr.job_id, [])
+                writer = SnapshotWriter(self.store, snapshot_id, progress=progress, seed=seed)
                 fr.writer = writer
                 t0 = time.time()
                 done = agent_pb2.Uploaded()
+                written = []
                 for rank in sorted(fr.records):
                     stream = fr.records[rank].stream
                     info = writer.add_directory(stream, fr.work / stream)
+                    written.append(info)
                     done.streams[stream].CopyFrom(
                         convert.parse(info.to_dict(), common_pb2.StreamInfo)
                     )
+                with self._lock:
+                    self._last_streams.pop(fr.job_id, None)
+                    self._last_streams[fr.job_id] = written
+                    while len(self._last_streams) > _SEEDS_KEPT:  # the oldest jobs' go first
+                        del self._last_streams[next(iter(self._last_streams))]
                 done.ranks.extend(fr.records[k] for k in sorted(fr.records))
                 done.upload.CopyFrom(
                     common_pb2.UploadWindow(node=self.node, start=t0, end=time.time())

@@ -74,9 +74,9 @@ def run(a: argparse.Namespace, client: Client) -> int:
     result = plain(client.stub.Gc(request(a), timeout=GC_TIMEOUT_S))
     sys.stdout.write(render(result, a.json) + "\n")
     sys.stdout.flush()
-    if result["summary"]["failed"]:
+    if result["summary"]["failed"] or (result.get("chunks") or {}).get("failed"):
         print(
-            "error: some orphans could not be deleted (see the table above)\n"
+            "error: some orphans or shared chunks could not be deleted (see above)\n"
             "  next step: check delete permissions on the store, then run `snapshotter gc "
             "--delete` again",
             file=sys.stderr,
@@ -91,7 +91,8 @@ def render(result: Msg, as_json: bool) -> str:
     if as_json:
         return json.dumps(result, default=str)
     orphans = result["orphans"]
-    summary = _summary_line(result)
+    chunks = _chunks_line(result)
+    summary = (chunks + "\n" if chunks else "") + _summary_line(result)
     if not orphans:
         return summary
     rows = [
@@ -107,6 +108,24 @@ def render(result: Msg, as_json: bool) -> str:
     ]
     text = table(rows, ["SNAPSHOT", "OBJECTS", "BYTES", "AGE", "ACTION", "WHY"])
     return f"{text}\n{summary}"
+
+
+def _chunks_line(result: Msg) -> str:
+    c = result.get("chunks") or {}
+    if not c.get("stored"):
+        return ""
+    line = (
+        f"shared chunks: {c['stored']} ({human_bytes(c['stored_bytes'])}), "
+        f"{c['unreferenced']} referenced by no snapshot ({human_bytes(c['unreferenced_bytes'])})"
+    )
+    if c["unreferenced"]:
+        verb = "deleted" if result["delete"] else "collectable"
+        line += f"; {c['collected']} {verb} ({human_bytes(c['collected_bytes'])})"
+        if c["kept"]:
+            line += f", {c['kept']} kept: {c['reason']}"
+        if c["failed"]:
+            line += f", {c['failed']} failed (run gc again)"
+    return line
 
 
 def _action(action: str, delete: bool) -> str:

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from snapshotter.errors import InvalidArgument, SnapshotNotFound, StorageUnavailable
 from snapshotter.storage import format as fmt
-from snapshotter.storage.api import ObjectStore
+from snapshotter.storage.api import ObjectMissing, ObjectStore
 
 
 def _snapshot_dirs(store: ObjectStore) -> list[str]:
@@ -31,6 +31,24 @@ def list_snapshots(store: ObjectStore) -> list[str]:
     return [s for s in _snapshot_dirs(store) if store.head(fmt.manifest_key(s)) is not None]
 
 
+def snapshots_using(store: ObjectStore, key: str) -> list[str]:
+    """Ids of the committed snapshots that list the shared chunk `key` (a damaged shared chunk
+    breaks every one of them). Best effort: unreadable manifests are skipped.
+
+    Raises:
+        StorageUnavailable: the store could not be listed.
+    """
+    out = []
+    for sid in list_snapshots(store):
+        try:
+            m = fmt.Manifest.from_json(store.get_bytes(fmt.manifest_key(sid)))
+        except (ObjectMissing, fmt.ManifestError):
+            continue
+        if key in m.content_keys():
+            out.append(sid)
+    return out
+
+
 def find_orphans(store: ObjectStore) -> list[str]:
     """Ids that have objects but no manifest: aborted or crashed writes, half-done deletes.
 
@@ -49,7 +67,9 @@ def find_orphans(store: ObjectStore) -> list[str]:
 
 
 def delete_snapshot(store: ObjectStore, snapshot_id: str) -> list[str]:
-    """Delete a snapshot (committed or orphaned): the manifest first, then every chunk.
+    """Delete a snapshot (committed or orphaned): the manifest first, then every chunk under
+    its own prefix. Shared chunks stay: other snapshots may list them; gc sweeps those no
+    manifest lists any more.
 
     Returns the keys that could not be deleted (the snapshot is already invisible; they are
     orphans for gc).

@@ -22,13 +22,15 @@ def check_stored(store: ObjectStore, manifest: fmt.Manifest, workers: int = 8) -
     Raises:
         StorageUnavailable: a chunk is missing or has another size (names up to five).
     """
-    chunks = [c for _, c in manifest.chunks()]
+    # A shared chunk is checked once however many streams use it, and only for presence: its
+    # object may be another writer's encoding of the same content.
+    chunks = list({c.key: c for _, c in manifest.chunks()}.values())
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         sizes = list(pool.map(lambda c: store.head(c.key), chunks))
     bad = [
         f"{c.key} ({'missing' if size is None else f'{size} bytes'}, expected {c.stored_size})"
         for c, size in zip(chunks, sizes, strict=True)
-        if size != c.stored_size
+        if size is None or (size != c.stored_size and not c.content_addressed)
     ]
     if bad:
         raise StorageUnavailable(
@@ -52,11 +54,13 @@ def commit_snapshot(
         StorageUnavailable: a chunk is not stored as described, or the write failed.
     """
     try:
+        infos = {n: fmt.stream_from_dict(n, s) for n, s in streams.items()}
         manifest = fmt.Manifest(
             snapshot_id=snapshot_id,
             created_at=time.time(),
             meta=dict(meta),
-            streams={n: fmt.stream_from_dict(n, s) for n, s in streams.items()},
+            streams=infos,
+            version=fmt.version_for(infos),  # format-1 snapshots stay readable by old readers
         )
         body = manifest.to_json()
     except (fmt.ManifestError, KeyError, TypeError, ValueError) as e:

@@ -11,10 +11,12 @@ metadata is refused, and the thaw fetches from the store instead.
 from __future__ import annotations
 
 import hashlib
+import io
 import os
 import tarfile
+from collections.abc import Callable
 from pathlib import Path, PurePosixPath
-from typing import BinaryIO, cast
+from typing import BinaryIO, Protocol, cast
 
 from snapshotter.storage import format as fmt
 
@@ -22,6 +24,7 @@ from snapshotter.storage import format as fmt
 # out in 16 KiB reads: a 32 KiB buffer keeps both cheap (its 10 KiB default costs a Python
 # call per 10 KiB; larger buffers are copied over and over).
 TAR_READ_BUFSIZE = 32 * 1024
+COPY_BUFSIZE = 1024 * 1024  # file data in 1 MiB writes: one chunker call per MiB
 
 
 def unsafe_member(m: tarfile.TarInfo) -> str:
@@ -33,12 +36,74 @@ def unsafe_member(m: tarfile.TarInfo) -> str:
     return ""
 
 
-def tar_directory(root: Path, out: BinaryIO) -> None:
-    """Write the tree under `root` to `out` as an uncompressed PAX tar ('w|'), entries in
-    sorted order with paths relative to `root`: the same tree gives the same bytes."""
-    with tarfile.open(fileobj=out, mode="w|", format=tarfile.PAX_FORMAT) as tar:
+class Sink(Protocol):
+    def write(self, data: bytes, /) -> int: ...
+
+
+class _Counted:
+    """A write-only file that counts what passes (tarfile wants `tell`)."""
+
+    def __init__(self, out: Sink) -> None:
+        self.out = out
+        self.pos = 0
+
+    def write(self, data: bytes) -> int:
+        self.out.write(data)
+        self.pos += len(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.pos
+
+    def flush(self) -> None:
+        pass
+
+
+class _Marked(io.RawIOBase):
+    """A member's file that calls `on_start(size)` on its first read: tarfile has written the
+    member's header by then, so the archive's next byte is the file's first."""
+
+    def __init__(self, f: BinaryIO, size: int, on_start: Callable[[int], None]) -> None:
+        super().__init__()
+        self.f, self.size, self.on_start, self.started = f, size, on_start, False
+
+    def read(self, n: int = -1) -> bytes:
+        if not self.started:
+            self.started = True
+            self.on_start(self.size)
+        return self.f.read(n)
+
+
+def tar_directory(
+    root: Path, out: Sink, on_file: Callable[[int], None] | None = None
+) -> None:
+    """Write the tree under `root` to `out` as an uncompressed PAX tar, entries in sorted order
+    with paths relative to `root` (the bytes `tar.add` makes): the same tree gives the same
+    bytes. `on_file(size)` is called right before each regular file's data is written."""
+    with tarfile.open(
+        fileobj=cast(BinaryIO, _Counted(out)), mode="w", format=tarfile.PAX_FORMAT
+    ) as tar:
+        tar.copybufsize = COPY_BUFSIZE  # type: ignore[attr-defined]  # in CPython, not typeshed
         for entry in sorted(os.listdir(root)):
-            tar.add(root / entry, arcname=entry, recursive=True)
+            _add(tar, root / entry, entry, on_file)
+
+
+def _add(
+    tar: tarfile.TarFile, path: Path, arcname: str, on_file: Callable[[int], None] | None
+) -> None:
+    info = tar.gettarinfo(path, arcname)
+    if info.isreg():
+        with open(path, "rb") as f:
+            src: BinaryIO = f
+            if on_file is not None:
+                src = cast(BinaryIO, _Marked(f, info.size, on_file))
+            tar.addfile(info, src)
+    elif info.isdir():
+        tar.addfile(info)
+        for entry in sorted(os.listdir(path)):
+            _add(tar, path / entry, f"{arcname}/{entry}", on_file)
+    else:
+        tar.addfile(info)
 
 
 class _ChunkHasher:
@@ -94,7 +159,7 @@ def matches(stream: fmt.StreamInfo, root: Path) -> str:
         return f"{root} is missing"
     sink = _ChunkHasher(stream)
     try:
-        tar_directory(root, cast(BinaryIO, sink))  # a stream tar only writes and flushes
+        tar_directory(root, sink)
     except OSError as e:
         return f"unreadable: {e}"
     return sink.result()

@@ -2,27 +2,40 @@
 
 Layout, as a grammar over object keys (relative to the store's root):
 
-    store     := snapshot*
-    snapshot  := chunk* manifest?          ; committed  <=>  manifest present
-    chunk     := "snapshots/" ID "/chunks/" STREAM "/" INDEX
+    store     := content* snapshot*
+    content   := "chunks/" HEX2 "/" SHA     ; version 2: shared by every snapshot that has it
+    snapshot  := chunk* manifest?           ; committed  <=>  manifest present
+    chunk     := "snapshots/" ID "/chunks/" STREAM "/" INDEX   ; version 1 only
     manifest  := "snapshots/" ID "/manifest.json"
     ID, STREAM:= [A-Za-z0-9][A-Za-z0-9._-]{0,127}
     INDEX     := 8 decimal digits, 00000000 .. 99999999
+    SHA       := 64 hex digits, the sha256 of the chunk's raw bytes; HEX2 its first two
 
 Objects:
 
-    chunk     := zstd-frame(raw)           ; raw = bytes [INDEX*chunk_size, +chunk_size) of the
-                                           ; stream; every chunk but the last is full-size
+    content   := codec.py's object: "SNP" CODEC payload, decoding to the raw bytes whose sha256
+                 is SHA (so equal content is stored once, whoever wrote it)
+    chunk     := zstd-frame(raw)            ; version 1: raw = bytes [INDEX*chunk_size,
+                                            ; +chunk_size) of the stream
     manifest  := UTF-8 JSON {
-                   "format": "snapshotter-snapshot", "version": 1,
+                   "format": "snapshotter-snapshot", "version": 1 | 2,
                    "snapshot_id": ID, "created_at": unix seconds (float),
-                   "meta": {...},          ; the caller's, opaque to storage
+                   "meta": {...},           ; the caller's, opaque to storage
                    "streams": { STREAM: { "raw_size": int, "chunk_size": int,
+                                          "chunking": "fixed" | "content",  ; absent: fixed
                                           "chunks": [ chunk_entry* ] } },
                    "checksum": hex sha256 of the canonical JSON of all other fields }
     chunk_entry := { "index": int, "key": chunk key, "raw_size": int, "stored_size": int,
-                     "sha256": hex sha256 of the stored (compressed) bytes,
-                     "raw_sha256": hex sha256 of the raw bytes }
+                     "sha256": hex sha256 of the stored bytes ("" for a content key: its
+                               object may be any encoding of the raw bytes),
+                     "raw_sha256": hex sha256 of the raw bytes,
+                     "xxh3": hex xxh3-128 of the raw bytes (content keys; "" otherwise) }
+
+A "fixed" stream's chunks are `chunk_size` bytes each but the last; a "content" stream's are
+cut by chunking.py, each 1..chunk_size bytes, the offset of one the sum of those before. A
+version-1 manifest has only fixed streams of per-snapshot chunks; version 2 may mix both
+kinds of chunk (a snapshot gathered from agents on both sides of an upgrade). Readers read both
+versions; writers write 2 unless told 1 (a fleet with agents that read only 1).
 
 The manifest is written last, after every chunk is known to be stored, so a reader either
 finds a complete snapshot or none. Canonical JSON is `json.dumps(sort_keys=True,
@@ -36,16 +49,21 @@ import json
 import re
 from collections.abc import Mapping
 from dataclasses import dataclass, field
+from functools import cached_property
 from typing import Any
 
 FORMAT_NAME = "snapshotter-snapshot"
-FORMAT_VERSION = 1
+FORMAT_VERSION = 2
+READ_VERSIONS = (1, 2)
 SNAPSHOTS_PREFIX = "snapshots/"
+CONTENT_PREFIX = "chunks/"
+FIXED, CONTENT = "fixed", "content"
 MANIFEST_NAME = "manifest.json"
 MAX_CHUNKS = 100_000_000
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _HEX64_RE = re.compile(r"[0-9a-f]{64}")
+_HEX32_RE = re.compile(r"[0-9a-f]{32}")
 
 
 class ManifestError(ValueError):
@@ -78,6 +96,17 @@ def chunk_key(snapshot_id: str, stream: str, index: int) -> str:
     return f"{snapshot_prefix(snapshot_id)}chunks/{stream}/{index:08d}"
 
 
+def content_key(raw_sha256: str) -> str:
+    """The key of the content-addressed chunk whose raw bytes have this sha256."""
+    if not _HEX64_RE.fullmatch(raw_sha256):
+        raise ValueError(f"malformed sha256 {raw_sha256!r}")
+    return f"{CONTENT_PREFIX}{raw_sha256[:2]}/{raw_sha256}"
+
+
+def is_content_key(key: str) -> bool:
+    return key.startswith(CONTENT_PREFIX)
+
+
 def chunk_count(raw_size: int, chunk_size: int) -> int:
     """How many chunks a stream of `raw_size` bytes takes (an empty stream takes none)."""
     if chunk_size <= 0 or raw_size < 0:
@@ -95,11 +124,16 @@ class ChunkInfo:
     key: str
     raw_size: int
     stored_size: int
-    sha256: str  # of the stored (compressed) bytes
+    sha256: str  # of the stored (compressed) bytes; "" for a content key
     raw_sha256: str
+    xxh3: str = ""  # of the raw bytes; content keys only
+
+    @property
+    def content_addressed(self) -> bool:
+        return is_content_key(self.key)
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d = {
             "index": self.index,
             "key": self.key,
             "raw_size": self.raw_size,
@@ -107,6 +141,9 @@ class ChunkInfo:
             "sha256": self.sha256,
             "raw_sha256": self.raw_sha256,
         }
+        if self.xxh3:
+            d["xxh3"] = self.xxh3
+        return d
 
 
 @dataclass(frozen=True)
@@ -115,21 +152,35 @@ class StreamInfo:
     raw_size: int
     chunk_size: int
     chunks: tuple[ChunkInfo, ...]
+    chunking: str = FIXED
 
     @property
     def stored_size(self) -> int:
         return sum(c.stored_size for c in self.chunks)
 
+    @cached_property
+    def _offsets(self) -> tuple[int, ...]:
+        out, at = [], 0
+        for c in self.chunks:
+            out.append(at)
+            at += c.raw_size
+        return tuple(out)
+
     def offset(self, index: int) -> int:
         """Byte offset of chunk `index` in the raw stream."""
-        return index * self.chunk_size
+        if self.chunking == FIXED:
+            return index * self.chunk_size
+        return self._offsets[index]
 
     def to_dict(self) -> dict[str, Any]:
-        return {
+        d: dict[str, Any] = {
             "raw_size": self.raw_size,
             "chunk_size": self.chunk_size,
             "chunks": [c.to_dict() for c in self.chunks],
         }
+        if self.chunking != FIXED:
+            d["chunking"] = self.chunking
+        return d
 
 
 @dataclass(frozen=True)
@@ -150,6 +201,10 @@ class Manifest:
 
     def chunks(self) -> list[tuple[StreamInfo, ChunkInfo]]:
         return [(s, c) for s in self.streams.values() for c in s.chunks]
+
+    def content_keys(self) -> set[str]:
+        """The shared (content-addressed) chunks this snapshot needs."""
+        return {c.key for _, c in self.chunks() if c.content_addressed}
 
     def _body(self) -> dict[str, Any]:
         return {
@@ -182,10 +237,11 @@ class Manifest:
             raise ManifestError("manifest is not a JSON object")
         if body.get("format") != FORMAT_NAME:
             raise ManifestError(f"not a snapshot manifest (format={body.get('format')!r})")
-        if body.get("version") != FORMAT_VERSION:
+        if body.get("version") not in READ_VERSIONS:
             raise ManifestError(
                 f"manifest version {body.get('version')!r} is not supported "
-                f"(this snapshotter reads version {FORMAT_VERSION})"
+                f"(this snapshotter reads versions {', '.join(map(str, READ_VERSIONS))}; "
+                "upgrade it to read newer snapshots)"
             )
         checksum = body.pop("checksum", None)
         if checksum != sha256_hex(_canonical(body)):
@@ -207,33 +263,63 @@ class Manifest:
         return manifest
 
 
+def version_for(streams: Mapping[str, StreamInfo]) -> int:
+    """The oldest format version that can describe these streams (old readers read it)."""
+    if any(s.chunking != FIXED or any(c.content_addressed for c in s.chunks)
+           for s in streams.values()):  # fmt: skip
+        return 2
+    return 1
+
+
 def validate(manifest: Manifest) -> None:
     """Check the rules of the grammar above. Raises ManifestError."""
     try:
         validate_name(manifest.snapshot_id)
+        if manifest.version not in READ_VERSIONS:
+            raise ValueError(f"unknown format version {manifest.version!r}")
+        if manifest.version < version_for(manifest.streams):
+            raise ValueError("a version-1 manifest lists content-addressed chunks")
         for name, stream in manifest.streams.items():
             validate_name(name, "stream name")
             if name != stream.name:
                 raise ValueError(f"stream {name!r} carries name {stream.name!r}")
-            _validate_stream(manifest.snapshot_id, stream)
+            validate_stream(manifest.snapshot_id, stream)
     except ValueError as e:
         raise ManifestError(str(e)) from e
 
 
-def _validate_stream(snapshot_id: str, s: StreamInfo) -> None:
-    n = chunk_count(s.raw_size, s.chunk_size)
-    if len(s.chunks) != n:
-        raise ValueError(
-            f"stream {s.name!r}: {len(s.chunks)} chunks for {s.raw_size} bytes "
-            f"at chunk size {s.chunk_size} (expected {n})"
-        )
+def validate_stream(snapshot_id: str, s: StreamInfo) -> None:
+    """The rules of one stream's description. Raises ValueError."""
+    if s.chunk_size <= 0 or s.raw_size < 0:
+        raise ValueError(f"stream {s.name!r}: bad sizes {s.raw_size}/{s.chunk_size}")
+    if s.chunking == FIXED:
+        n = chunk_count(s.raw_size, s.chunk_size)
+        if len(s.chunks) != n:
+            raise ValueError(
+                f"stream {s.name!r}: {len(s.chunks)} chunks for {s.raw_size} bytes "
+                f"at chunk size {s.chunk_size} (expected {n})"
+            )
+    elif s.chunking == CONTENT:
+        if sum(c.raw_size for c in s.chunks) != s.raw_size:
+            raise ValueError(f"stream {s.name!r}: chunk sizes do not add up to {s.raw_size}")
+    else:
+        raise ValueError(f"stream {s.name!r}: unknown chunking {s.chunking!r}")
     for i, c in enumerate(s.chunks):
-        want = min(s.chunk_size, s.raw_size - s.offset(i))
-        if c.index != i or c.key != chunk_key(snapshot_id, s.name, i) or c.raw_size != want:
+        if s.chunking == FIXED:
+            good_size = c.raw_size == min(s.chunk_size, s.raw_size - s.offset(i))
+        else:
+            good_size = 0 < c.raw_size <= s.chunk_size
+        if c.content_addressed:
+            good_key = c.key == content_key(c.raw_sha256) and bool(_HEX32_RE.fullmatch(c.xxh3))
+            good_key = good_key and c.sha256 == ""
+        else:
+            good_key = c.key == chunk_key(snapshot_id, s.name, i) and c.xxh3 == ""
+            good_key = good_key and bool(_HEX64_RE.fullmatch(c.sha256))
+        if c.index != i or not good_key or not good_size:
             raise ValueError(f"stream {s.name!r}: chunk entry {i} is inconsistent: {c}")
         if c.stored_size < 0:
             raise ValueError(f"stream {s.name!r}: chunk {i} has negative stored size")
-        if not (_HEX64_RE.fullmatch(c.sha256) and _HEX64_RE.fullmatch(c.raw_sha256)):
+        if not _HEX64_RE.fullmatch(c.raw_sha256):
             raise ValueError(f"stream {s.name!r}: chunk {i} has a malformed sha256")
 
 
@@ -243,6 +329,7 @@ def stream_from_dict(name: str, d: Any) -> StreamInfo:
         name=name,
         raw_size=_require(d["raw_size"], int, "raw_size"),
         chunk_size=_require(d["chunk_size"], int, "chunk_size"),
+        chunking=_require(d.get("chunking") or FIXED, str, "chunking"),
         chunks=tuple(
             ChunkInfo(
                 index=_require(c["index"], int, "index"),
@@ -251,6 +338,7 @@ def stream_from_dict(name: str, d: Any) -> StreamInfo:
                 stored_size=_require(c["stored_size"], int, "stored_size"),
                 sha256=_require(c["sha256"], str, "sha256"),
                 raw_sha256=_require(c["raw_sha256"], str, "raw_sha256"),
+                xxh3=_require(c.get("xxh3", ""), str, "xxh3"),
             )
             for c in _require(d["chunks"], list, "chunks")
         ),

@@ -37,10 +37,17 @@ from typing import Any
 
 import zstandard
 
-from snapshotter.errors import InvalidArgument, SnapshotCorrupt, SnapshotNotFound
+from snapshotter.errors import (
+    InvalidArgument,
+    SnapshotCorrupt,
+    SnapshotNotFound,
+    StorageUnavailable,
+)
 from snapshotter.storage import dirstream
 from snapshotter.storage import format as fmt
 from snapshotter.storage.api import ObjectMissing, ObjectStore
+from snapshotter.storage.catalog import snapshots_using
+from snapshotter.storage.codec import Codec, CodecError
 from snapshotter.storage.tasks import TransferTasks
 
 DEFAULT_WORKERS = 4
@@ -94,15 +101,17 @@ class SnapshotReader:
                     f"the chunk list of {snapshot_id!r} is malformed: {e}", _CORRUPT_NEXT_STEP
                 ) from e
             for s in streams.values():
-                for c in s.chunks:
-                    if c.key != fmt.chunk_key(snapshot_id, s.name, c.index):
-                        raise SnapshotCorrupt(
-                            f"chunk {c.index} of stream {s.name} of {snapshot_id!r} names key "
-                            f"{c.key!r}, outside the snapshot", _CORRUPT_NEXT_STEP,
-                        )  # fmt: skip
+                try:
+                    fmt.validate_stream(snapshot_id, s)
+                except ValueError as e:
+                    raise SnapshotCorrupt(
+                        f"stream {s.name} of {snapshot_id!r}: {e} (a key outside the snapshot "
+                        "or its content)", _CORRUPT_NEXT_STEP,
+                    ) from e  # fmt: skip
             self._manifest = fmt.Manifest(snapshot_id, 0.0, {}, streams)
         self._lock = threading.Lock()
         self._staged: dict[str, _Staged] = {}
+        self._codec = Codec()
 
     def manifest(self) -> fmt.Manifest:
         if self._manifest is None:
@@ -152,8 +161,12 @@ class SnapshotReader:
             )
         dest = Path(dest_dir)
         dest.mkdir(parents=True, exist_ok=True)
-        suffix = STAGED_SUFFIX if decompress else STAGED_COMPRESSED_SUFFIX
-        paths = {n: dest / f"{n}{suffix}" for n in names}
+        # Shared content chunks are decoded as they arrive (their raw sha256 is their key, so
+        # that is where they are checked): such streams are always staged raw.
+        raw = {n: decompress or _content(manifest.streams[n]) for n in names}
+        paths = {
+            n: dest / f"{n}{STAGED_SUFFIX if raw[n] else STAGED_COMPRESSED_SUFFIX}" for n in names
+        }
         fds: dict[str, int] = {}
         tasks = TransferTasks(
             self.workers, 2 * self.workers, name=f"fetch-{self.snapshot_id}"
@@ -162,9 +175,12 @@ class SnapshotReader:
         counts = {n: 0 for n in names}
 
         def fetch(stream: fmt.StreamInfo, chunk: fmt.ChunkInfo, offset: int) -> None:
-            data = self._fetch_stored(stream, chunk)
-            if decompress:
-                data = self._decompress(stream, chunk, data)
+            if chunk.content_addressed:
+                data = self._fetch_content(stream, chunk)
+            else:
+                data = self._fetch_stored(stream, chunk)
+                if raw[stream.name]:
+                    data = self._decompress(stream, chunk, data)
             _pwrite_all(fds[stream.name], data, offset)
             if progress is not None:
                 counts[stream.name] += 1  # benign race: display only
@@ -174,12 +190,12 @@ class SnapshotReader:
             for n in names:
                 s = manifest.streams[n]
                 fds[n] = os.open(paths[n], os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-                os.ftruncate(fds[n], s.raw_size if decompress else s.stored_size)
+                os.ftruncate(fds[n], s.raw_size if raw[n] else s.stored_size)
             for n in names:
                 s = manifest.streams[n]
                 offset = 0
                 for c in s.chunks:
-                    tasks.submit(fetch, s, c, s.offset(c.index) if decompress else offset)
+                    tasks.submit(fetch, s, c, s.offset(c.index) if raw[n] else offset)
                     offset += c.stored_size
             tasks.wait()
         except BaseException:
@@ -189,7 +205,7 @@ class SnapshotReader:
         _close_all(fds.values())
         tasks.done()
         with self._lock:
-            self._staged.update({n: _Staged(p, not decompress) for n, p in paths.items()})
+            self._staged.update({n: _Staged(p, not raw[n]) for n, p in paths.items()})
         return dict(paths)
 
     def _fetch_stored(self, stream: fmt.StreamInfo, c: fmt.ChunkInfo) -> bytes:
@@ -204,6 +220,39 @@ class SnapshotReader:
         if fmt.sha256_hex(stored) != c.sha256:
             raise self._corrupt(stream, c, "fails its sha256 check")
         return stored
+
+    def _fetch_content(self, stream: fmt.StreamInfo, c: fmt.ChunkInfo) -> bytes:
+        """The raw bytes of one shared chunk, decoded and checked against its key. A bad copy
+        in the node's chunk cache is dropped and fetched again from the store."""
+        for attempt in (0, 1):
+            try:
+                stored = self.store.get_bytes(c.key)
+            except ObjectMissing as e:
+                raise self._corrupt(stream, c, "is missing from the store") from e
+            try:
+                raw = self._codec.decode(stored, c.raw_size)
+                why = "" if len(raw) == c.raw_size else f"decodes to {len(raw)} bytes"
+            except CodecError as e:
+                why = str(e)
+            if not why and fmt.sha256_hex(raw) == c.raw_sha256:
+                return raw
+            why = why or "fails its sha256 check"
+            evict = getattr(self.store, "evict", None)
+            if attempt or evict is None or not evict(c.key):
+                break
+        raise self._corrupt(stream, c, why + self._shared_by(c.key))
+
+    def _shared_by(self, key: str) -> str:
+        """The other snapshots a damaged shared chunk breaks, for the error message."""
+        try:
+            others = [s for s in snapshots_using(self.store, key) if s != self.snapshot_id]
+        except StorageUnavailable:
+            return ""
+        if not others:
+            return ""
+        more = f" and {len(others) - 10} more" if len(others) > 10 else ""
+        shown = ", ".join(others[:10]) + more
+        return f" (a shared chunk: snapshot(s) {shown} use it too and cannot be restored either)"
 
     def _decompress(self, stream: fmt.StreamInfo, c: fmt.ChunkInfo, stored: bytes) -> bytes:
         """The raw bytes of one chunk, checked against the manifest."""
@@ -448,6 +497,10 @@ _CORRUPT_NEXT_STEP = (
     "this snapshot cannot be restored; thaw from an earlier one (`snapshotter list`) and "
     "delete this one"
 )
+
+
+def _content(stream: fmt.StreamInfo) -> bool:
+    return any(c.content_addressed for c in stream.chunks)
 
 
 def _pwrite_all(fd: int, data: bytes, offset: int) -> None:

@@ -1,40 +1,52 @@
-"""Writing a snapshot: stream images into compressed, hashed chunks, then commit a manifest.
+"""Writing a snapshot: cut streams into chunks, store each content once, commit a manifest.
 
-    with SnapshotWriter(store, "job1-0001") as w:
+    with SnapshotWriter(store, "job1-0001", seed=previous_streams) as w:
         w.add_directory("rank-0", "/var/lib/snapshotter/images/rank-0")
         w.write_stream("rank-0-meta", open(path, "rb"))
         manifest = w.commit({"job": ...})
 
-Streams are read in `chunk_size` pieces; each piece is compressed, hashed and uploaded on a
-worker thread, with at most `2 * workers` pieces in flight, so memory stays a few chunks
-whatever the image size. A directory is streamed as an uncompressed tar ('w|') through a pipe,
-never materialised. `commit` checks every chunk is in the store with the expected size and only
-then writes the manifest; anything short of that leaves no visible snapshot, and `abort` (also
-run on leaving the `with` block without a commit) deletes the chunks written so far. This module
-must never write the manifest before every chunk is confirmed stored.
+Format 2 (the default): a stream is cut by content at page boundaries (chunking.py); each chunk
+is looked up in the dedup index (dedup.py: the job's previous snapshot, this writer's chunks, then
+a HEAD on its content key) and only content the store lacks is encoded (codec.py) and uploaded,
+under `chunks/<sha256>`, shared by every snapshot that has it. Format 1 (SNAPSHOTTER_FORMAT_VERSION
+=1): fixed-size zstd chunks under the snapshot's own prefix, as before.
+
+Chunks are hashed, encoded and uploaded on worker threads, with at most `2 * workers` in flight,
+so memory stays a few chunks whatever the image size. A directory is an uncompressed tar made on
+the fly (dirstream.py), its large files' data anchored on page boundaries. `commit` checks every
+chunk is in the store and only then writes the manifest; anything short of that leaves no
+visible snapshot. `abort` (also run on leaving the `with` block without a commit) deletes what
+only this snapshot can use (format 1's chunks, a manifest); format 2's content may be shared
+with a concurrent writer that found it, so it is left to `snapshotter gc` (unreferenced and
+older than its grace period). This module must never write the manifest before every chunk is
+confirmed stored.
 """
 
 from __future__ import annotations
 
-import fcntl
 import logging
 import os
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from concurrent.futures import Future
 from concurrent.futures import wait as wait_futures
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 from types import TracebackType
 from typing import Any, Protocol
 
+import xxhash
 import zstandard
 
+from snapshotter import config
 from snapshotter.errors import InvalidArgument, StorageUnavailable
 from snapshotter.storage import format as fmt
 from snapshotter.storage.api import ObjectStore
+from snapshotter.storage.chunking import PAGE, Chunker, ChunkingParams, FixedChunker
+from snapshotter.storage.codec import Codec, CodecPolicy
 from snapshotter.storage.commit import commit_snapshot
+from snapshotter.storage.dedup import DedupIndex
 from snapshotter.storage.dirstream import tar_directory
 from snapshotter.storage.tasks import TransferStatus, TransferTasks
 
@@ -42,8 +54,8 @@ log = logging.getLogger(__name__)
 
 DEFAULT_CHUNK_SIZE = 8 * 1024 * 1024
 DEFAULT_WORKERS = 4
-ZSTD_LEVEL = 3
-_PIPE_SIZE = 1024 * 1024
+ZSTD_LEVEL = 3  # format 1
+_READ_SIZE = 1024 * 1024
 
 
 @dataclass(frozen=True)
@@ -58,6 +70,7 @@ class Progress:
     total_stored_bytes: int
     chunks_stored: int
     elapsed_s: float
+    uploaded_bytes: int = 0  # stored bytes actually sent (the rest were found stored)
 
     @property
     def raw_rate(self) -> float:
@@ -92,10 +105,24 @@ class SnapshotWriter:
         chunk_size: int = DEFAULT_CHUNK_SIZE,
         workers: int = DEFAULT_WORKERS,
         progress: ProgressFn | None = None,
+        format_version: int | None = None,
+        codec: CodecPolicy | None = None,
+        seed: Iterable[fmt.StreamInfo] = (),
     ) -> None:
+        """`chunk_size`: format 1's chunk size, format 2's largest chunk. `format_version` and
+        `codec`: default from the environment (config.py). `seed`: streams of the job's
+        previous snapshot, whose chunks need no hashing or request when unchanged."""
         _valid_name(snapshot_id, "snapshot id")
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
+        self.format_version = format_version or config.format_version()
+        if self.format_version not in fmt.READ_VERSIONS:
+            raise ValueError(f"unknown format version {self.format_version}")
+        if self.format_version >= 2:
+            self._chunking = ChunkingParams(
+                min_size=min(ChunkingParams.min_size, _page_floor(chunk_size)),
+                max_size=_page_floor(chunk_size),
+            )
         if store.head(fmt.manifest_key(snapshot_id)) is not None:
             raise InvalidArgument(
                 f"snapshot {snapshot_id!r} already exists in {store.describe()}",
@@ -104,102 +131,65 @@ class SnapshotWriter:
         self.store = store
         self.snapshot_id = snapshot_id
         self.chunk_size = chunk_size
+        self._codec = Codec(codec or config.codec_policy())
+        self._index = DedupIndex()
+        self.seeded = self._index.seed(seed)
         self._progress = progress
         self._workers = workers
         self._tasks = TransferTasks(workers, 2 * workers, name=f"snap-{snapshot_id}")
         self._lock = threading.Lock()
         self._streams: dict[str, fmt.StreamInfo | None] = {}  # None while being written
-        self._written: set[str] = set()  # every key we may have created, for abort
+        self._written: set[str] = set()  # every key only we may have created, for abort
         self._undeleted: list[str] = []
         self._raw_total = 0
         self._stored_total = 0
+        self._uploaded_total = 0
+        self.deduped_chunks = 0
+        self.uploaded_chunks = 0
         self._stream_bytes: dict[str, tuple[int, int, int]] = {}
         self._started = time.monotonic()
         self._local = threading.local()
         self.committed: fmt.Manifest | None = None
         self._tasks.add_cleanup(self._delete_written)
 
+    @property
+    def uploaded_bytes(self) -> int:
+        """Stored bytes this writer sent to the store (chunks found stored cost nothing)."""
+        with self._lock:
+            return self._uploaded_total
+
     # -- streams --------------------------------------------------------------------------
 
     def write_stream(self, name: str, fileobj: Readable) -> fmt.StreamInfo:
         """Read `fileobj` to EOF and store it as stream `name`; return what was stored."""
-        self._begin_stream(name)
-        futures: list[Future[fmt.ChunkInfo]] = []
+        out = self._open_stream(name)
         try:
-            for index in range(fmt.MAX_CHUNKS):
-                data = _read_chunk(fileobj, self.chunk_size)
-                if not data:
+            while True:
+                piece = _read_chunk(fileobj, _READ_SIZE)
+                if not piece:
                     break
-                key = fmt.chunk_key(self.snapshot_id, name, index)
-                with self._lock:
-                    self._written.add(key)  # before the PUT: a failed PUT may still land
-                # The task takes the buffer out of the holder, so the buffer is freed when the
-                # task returns and memory stays at the chunks in flight.
-                holder = [data]
-                del data
-                futures.append(self._tasks.submit(self._store_chunk, name, index, key, holder))
-            else:
-                raise InvalidArgument(
-                    f"stream {name!r} exceeds {fmt.MAX_CHUNKS} chunks of {self.chunk_size} bytes",
-                    "use a larger chunk_size",
-                )
-            wait_futures(futures)
-            self._tasks.raise_if_failed()
+                out.feed(piece)
         except BaseException as e:
-            self._tasks.set_exception(e)
-            wait_futures(futures)
+            out.fail(e)
             raise
-        chunks = tuple(f.result() for f in futures)
-        info = fmt.StreamInfo(
-            name=name,
-            raw_size=sum(c.raw_size for c in chunks),
-            chunk_size=self.chunk_size,
-            chunks=chunks,
-        )
-        with self._lock:
-            self._streams[name] = info
-        return info
+        return out.close()
 
     def add_directory(self, name: str, path: str | os.PathLike[str]) -> fmt.StreamInfo:
         """Store the tree under `path` as stream `name`, an uncompressed tar with paths
-        relative to `path`, produced on the fly through a pipe."""
+        relative to `path`, made on the fly."""
         root = Path(path)
         if not root.is_dir():
             raise InvalidArgument(f"{root} is not a directory", "pass the CRIU images directory")
-        r, w = os.pipe()
+        out = self._open_stream(name)
         try:
-            fcntl.fcntl(w, fcntl.F_SETPIPE_SZ, _PIPE_SIZE)
-        except OSError:
-            pass  # a smaller pipe is only slower
-        reader, writer = os.fdopen(r, "rb"), os.fdopen(w, "wb")
-        failure: list[BaseException] = []
+            tar_directory(root, out, on_file=out.mark)
+        except BaseException as e:
+            # A stream cut short must never be committed: poison the whole transfer.
+            out.fail(e)
+            raise
+        return out.close()
 
-        def produce() -> None:
-            try:
-                tar_directory(root, writer)
-            except BaseException as e:  # noqa: BLE001 - handed to the consumer below
-                failure.append(e)
-            finally:
-                try:
-                    writer.close()
-                except OSError:
-                    pass  # the consumer stopped reading; its error is the one to report
-
-        producer = threading.Thread(target=produce, name=f"tar-{name}", daemon=True)
-        producer.start()
-        try:
-            info = self.write_stream(name, reader)
-        finally:
-            reader.close()  # unblocks the producer with EPIPE if we stopped early
-            producer.join()
-        if failure:
-            # The pipe closed early, so the stream looked complete: poison the transfer so a
-            # truncated directory can never be committed.
-            self._tasks.set_exception(failure[0])
-            raise failure[0]
-        return info
-
-    def _begin_stream(self, name: str) -> None:
+    def _open_stream(self, name: str) -> _StreamOut:
         _valid_name(name, "stream name")
         self._tasks.raise_if_failed()
         with self._lock:
@@ -210,10 +200,72 @@ class SnapshotWriter:
                 )
             self._streams[name] = None
             self._stream_bytes[name] = (0, 0, 0)
+        chunker: Chunker | FixedChunker
+        if self.format_version >= 2:
+            chunker = Chunker(self._chunking)
+        else:
+            chunker = FixedChunker(self.chunk_size)
+        return _StreamOut(self, name, chunker)
+
+    def _submit(self, stream: str, index: int, holder: list[bytearray]) -> Future[fmt.ChunkInfo]:
+        if index >= fmt.MAX_CHUNKS:
+            raise InvalidArgument(
+                f"stream {stream!r} exceeds {fmt.MAX_CHUNKS} chunks", "use a larger chunk_size"
+            )
+        if self.format_version >= 2:
+            return self._tasks.submit(self._store_content, stream, index, holder)
+        key = fmt.chunk_key(self.snapshot_id, stream, index)
+        with self._lock:
+            self._written.add(key)  # before the PUT: a failed PUT may still land
+        return self._tasks.submit(self._store_chunk, stream, index, key, holder)
+
+    def _finish_stream(self, name: str, chunks: tuple[fmt.ChunkInfo, ...]) -> fmt.StreamInfo:
+        info = fmt.StreamInfo(
+            name=name,
+            raw_size=sum(c.raw_size for c in chunks),
+            chunk_size=self.chunk_size,
+            chunks=chunks,
+            chunking=fmt.CONTENT if self.format_version >= 2 else fmt.FIXED,
+        )
+        with self._lock:
+            self._streams[name] = info
+        return info
+
+    def _store_content(self, stream: str, index: int, holder: list[bytearray]) -> fmt.ChunkInfo:
+        """Format 2: store one chunk's content unless the store has it already."""
+        data = holder.pop()
+        fast = xxhash.xxh3_128_hexdigest(data)
+        hit = self._index.fast(fast, len(data))
+        if hit is not None:
+            info = replace(hit, index=index)
+            self._report(stream, info, 0)
+            return info
+        sha = fmt.sha256_hex(data)
+        key = fmt.content_key(sha)
+        uploaded = 0
+        while (size := self._index.stored_size(key)) is None:
+            if not self._index.claim(key):
+                continue  # another worker settled it: stored (size known now) or failed
+            try:
+                size = self.store.head(key)
+                if size is None:
+                    stored = self._codec.encode(data)
+                    self.store.put_bytes(key, stored)
+                    size = uploaded = len(stored)
+            except BaseException:
+                self._index.settle(None, key)
+                raise
+            self._index.settle(fmt.ChunkInfo(index, key, len(data), size, "", sha, fast), key)
+            break
+        info = fmt.ChunkInfo(index, key, len(data), size, "", sha, fast)
+        self._index.add(info)
+        self._report(stream, info, uploaded)
+        return info
 
     def _store_chunk(
         self, stream: str, index: int, key: str, holder: list[bytearray]
     ) -> fmt.ChunkInfo:
+        """Format 1: every chunk compressed and stored under the snapshot's own prefix."""
         data = holder.pop()
         stored = self._compressor().compress(data)
         info = fmt.ChunkInfo(
@@ -225,7 +277,7 @@ class SnapshotWriter:
             raw_sha256=fmt.sha256_hex(data),
         )
         self.store.put_bytes(key, stored)
-        self._report(stream, info)
+        self._report(stream, info, len(stored))
         return info
 
     def _compressor(self) -> zstandard.ZstdCompressor:
@@ -235,13 +287,18 @@ class SnapshotWriter:
             c = self._local.cctx = zstandard.ZstdCompressor(level=ZSTD_LEVEL)
         return c
 
-    def _report(self, stream: str, c: fmt.ChunkInfo) -> None:
+    def _report(self, stream: str, c: fmt.ChunkInfo, uploaded: int) -> None:
         with self._lock:
             raw, stored, n = self._stream_bytes[stream]
             raw, stored, n = raw + c.raw_size, stored + c.stored_size, n + 1
             self._stream_bytes[stream] = (raw, stored, n)
             self._raw_total += c.raw_size
             self._stored_total += c.stored_size
+            self._uploaded_total += uploaded
+            if uploaded:
+                self.uploaded_chunks += 1
+            else:
+                self.deduped_chunks += 1
             p = Progress(
                 self.snapshot_id,
                 stream,
@@ -251,6 +308,7 @@ class SnapshotWriter:
                 self._stored_total,
                 n,
                 time.monotonic() - self._started,
+                self._uploaded_total,
             )
             if self._progress is None:
                 return
@@ -346,6 +404,62 @@ class SnapshotWriter:
             if exc is None:
                 log.warning("snapshot %s left without commit; aborting", self.snapshot_id)
             self.abort()
+
+
+class _StreamOut:
+    """One stream being written: bytes in (`feed`, or `write` from a tar), chunks out to the
+    writer's workers in order. Also a write-only file for `tar_directory` (`write`, `tell`,
+    `mark` where a file's data starts)."""
+
+    def __init__(self, writer: SnapshotWriter, name: str, chunker: Chunker | FixedChunker):
+        self.w = writer
+        self.name = name
+        self.chunker = chunker
+        self.futures: list[Future[fmt.ChunkInfo]] = []
+        self.pos = 0
+
+    def _push(self, chunks: Iterator[bytearray]) -> None:
+        for data in chunks:
+            # The task takes the buffer out of the holder, so the buffer is freed when the
+            # task returns and memory stays at the chunks in flight.
+            holder = [data]
+            del data
+            self.futures.append(self.w._submit(self.name, len(self.futures), holder))
+
+    def feed(self, data: bytes | bytearray | memoryview) -> None:
+        self.pos += len(data)
+        self._push(self.chunker.feed(data))
+
+    def write(self, data: bytes | bytearray | memoryview) -> int:
+        self.feed(data)
+        return len(data)
+
+    def tell(self) -> int:
+        return self.pos
+
+    def flush(self) -> None:
+        pass
+
+    def mark(self, size: int) -> None:
+        self._push(self.chunker.mark(size))
+
+    def fail(self, e: BaseException) -> None:
+        self.w._tasks.set_exception(e)
+        wait_futures(self.futures)
+
+    def close(self) -> fmt.StreamInfo:
+        try:
+            self._push(self.chunker.finish())
+            wait_futures(self.futures)
+            self.w._tasks.raise_if_failed()
+        except BaseException as e:
+            self.fail(e)
+            raise
+        return self.w._finish_stream(self.name, tuple(f.result() for f in self.futures))
+
+
+def _page_floor(n: int) -> int:
+    return max(PAGE, n - n % PAGE)
 
 
 def _valid_name(name: str, what: str) -> None:

@@ -205,46 +205,52 @@ class RankRecord(_message.Message):
     def __init__(self, rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., node_rank: _Optional[int] = ..., stream: _Optional[str] = ..., inodes: _Optional[_Mapping[str, int]] = ..., init_cwd: _Optional[str] = ..., image_bytes: _Optional[int] = ..., dump_s: _Optional[float] = ..., gpu: _Optional[_Union[GpuRecord, _Mapping]] = ...) -> None: ...
 
 class ChunkInfo(_message.Message):
-    __slots__ = ("index", "key", "raw_size", "stored_size", "sha256", "raw_sha256")
+    __slots__ = ("index", "key", "raw_size", "stored_size", "sha256", "raw_sha256", "xxh3")
     INDEX_FIELD_NUMBER: _ClassVar[int]
     KEY_FIELD_NUMBER: _ClassVar[int]
     RAW_SIZE_FIELD_NUMBER: _ClassVar[int]
     STORED_SIZE_FIELD_NUMBER: _ClassVar[int]
     SHA256_FIELD_NUMBER: _ClassVar[int]
     RAW_SHA256_FIELD_NUMBER: _ClassVar[int]
+    XXH3_FIELD_NUMBER: _ClassVar[int]
     index: int
     key: str
     raw_size: int
     stored_size: int
     sha256: str
     raw_sha256: str
-    def __init__(self, index: _Optional[int] = ..., key: _Optional[str] = ..., raw_size: _Optional[int] = ..., stored_size: _Optional[int] = ..., sha256: _Optional[str] = ..., raw_sha256: _Optional[str] = ...) -> None: ...
+    xxh3: str
+    def __init__(self, index: _Optional[int] = ..., key: _Optional[str] = ..., raw_size: _Optional[int] = ..., stored_size: _Optional[int] = ..., sha256: _Optional[str] = ..., raw_sha256: _Optional[str] = ..., xxh3: _Optional[str] = ...) -> None: ...
 
 class StreamInfo(_message.Message):
-    __slots__ = ("name", "raw_size", "chunk_size", "chunks")
+    __slots__ = ("name", "raw_size", "chunk_size", "chunks", "chunking")
     NAME_FIELD_NUMBER: _ClassVar[int]
     RAW_SIZE_FIELD_NUMBER: _ClassVar[int]
     CHUNK_SIZE_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    CHUNKING_FIELD_NUMBER: _ClassVar[int]
     name: str
     raw_size: int
     chunk_size: int
     chunks: _containers.RepeatedCompositeFieldContainer[ChunkInfo]
-    def __init__(self, name: _Optional[str] = ..., raw_size: _Optional[int] = ..., chunk_size: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[ChunkInfo, _Mapping]]] = ...) -> None: ...
+    chunking: str
+    def __init__(self, name: _Optional[str] = ..., raw_size: _Optional[int] = ..., chunk_size: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[ChunkInfo, _Mapping]]] = ..., chunking: _Optional[str] = ...) -> None: ...
 
 class TransferProgress(_message.Message):
-    __slots__ = ("node", "stream", "raw_bytes", "stored_bytes", "rate")
+    __slots__ = ("node", "stream", "raw_bytes", "stored_bytes", "rate", "uploaded_bytes")
     NODE_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
     RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
     STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
     RATE_FIELD_NUMBER: _ClassVar[int]
+    UPLOADED_BYTES_FIELD_NUMBER: _ClassVar[int]
     node: str
     stream: str
     raw_bytes: int
     stored_bytes: int
     rate: float
-    def __init__(self, node: _Optional[str] = ..., stream: _Optional[str] = ..., raw_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., rate: _Optional[float] = ...) -> None: ...
+    uploaded_bytes: int
+    def __init__(self, node: _Optional[str] = ..., stream: _Optional[str] = ..., raw_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., rate: _Optional[float] = ..., uploaded_bytes: _Optional[int] = ...) -> None: ...
 
 class LogChunk(_message.Message):
     __slots__ = ("rank", "offset", "data")

@@ -509,20 +509,44 @@ class GcSummary(_message.Message):
     def __init__(self, orphans: _Optional[int] = ..., objects: _Optional[int] = ..., bytes: _Optional[int] = ..., kept: _Optional[int] = ..., collected: _Optional[int] = ..., collected_bytes: _Optional[int] = ..., failed: _Optional[int] = ..., failed_keys: _Optional[int] = ...) -> None: ...
 
 class GcReport(_message.Message):
-    __slots__ = ("store", "now", "min_age_s", "delete", "orphans", "summary")
+    __slots__ = ("store", "now", "min_age_s", "delete", "orphans", "summary", "chunks")
     STORE_FIELD_NUMBER: _ClassVar[int]
     NOW_FIELD_NUMBER: _ClassVar[int]
     MIN_AGE_S_FIELD_NUMBER: _ClassVar[int]
     DELETE_FIELD_NUMBER: _ClassVar[int]
     ORPHANS_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
+    CHUNKS_FIELD_NUMBER: _ClassVar[int]
     store: str
     now: float
     min_age_s: float
     delete: bool
     orphans: _containers.RepeatedCompositeFieldContainer[GcOrphan]
     summary: GcSummary
-    def __init__(self, store: _Optional[str] = ..., now: _Optional[float] = ..., min_age_s: _Optional[float] = ..., delete: _Optional[bool] = ..., orphans: _Optional[_Iterable[_Union[GcOrphan, _Mapping]]] = ..., summary: _Optional[_Union[GcSummary, _Mapping]] = ...) -> None: ...
+    chunks: GcChunks
+    def __init__(self, store: _Optional[str] = ..., now: _Optional[float] = ..., min_age_s: _Optional[float] = ..., delete: _Optional[bool] = ..., orphans: _Optional[_Iterable[_Union[GcOrphan, _Mapping]]] = ..., summary: _Optional[_Union[GcSummary, _Mapping]] = ..., chunks: _Optional[_Union[GcChunks, _Mapping]] = ...) -> None: ...
+
+class GcChunks(_message.Message):
+    __slots__ = ("stored", "stored_bytes", "unreferenced", "unreferenced_bytes", "collected", "collected_bytes", "kept", "failed", "reason")
+    STORED_FIELD_NUMBER: _ClassVar[int]
+    STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    UNREFERENCED_FIELD_NUMBER: _ClassVar[int]
+    UNREFERENCED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    COLLECTED_FIELD_NUMBER: _ClassVar[int]
+    COLLECTED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    KEPT_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    REASON_FIELD_NUMBER: _ClassVar[int]
+    stored: int
+    stored_bytes: int
+    unreferenced: int
+    unreferenced_bytes: int
+    collected: int
+    collected_bytes: int
+    kept: int
+    failed: int
+    reason: str
+    def __init__(self, stored: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., unreferenced: _Optional[int] = ..., unreferenced_bytes: _Optional[int] = ..., collected: _Optional[int] = ..., collected_bytes: _Optional[int] = ..., kept: _Optional[int] = ..., failed: _Optional[int] = ..., reason: _Optional[str] = ...) -> None: ...
 
 class ShutdownRequest(_message.Message):
     __slots__ = ("force",)

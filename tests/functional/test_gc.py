@@ -70,6 +70,7 @@ def _keys(store: ObjectStore, sid: str) -> list[str]:
     return list(store.list_keys(fmt.snapshot_prefix(sid)))
 
 
+@pytest.mark.usefixtures("format_1")
 def test_gc_collects_only_old_orphans_not_in_progress(store: ObjectStore, tmp_path: Path) -> None:
     done = _committed(store)
     killed, killed_bytes = _uncommitted(store, "killed")
@@ -124,6 +125,7 @@ def test_gc_collects_only_old_orphans_not_in_progress(store: ObjectStore, tmp_pa
     assert sorted(list_snapshots(store)) == sorted([done, running.snapshot_id])
 
 
+@pytest.mark.usefixtures("format_1")
 def test_snapshot_committed_while_gc_runs_is_not_deleted(
     store: ObjectStore, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
@@ -151,6 +153,7 @@ def _backdate(root: Path, sid: str, seconds: float) -> None:
         os.utime(p, (st.st_atime - seconds, st.st_mtime - seconds))
 
 
+@pytest.mark.usefixtures("format_1")
 def test_mixed_ages_in_one_pass_local(tmp_path: Path) -> None:
     """Ages set on the files themselves (S3 cannot backdate an object), judged at real now."""
     root = tmp_path / "store"

@@ -282,6 +282,7 @@ def test_streams_written_in_parallel(store: ObjectStore, tmp_path: Path) -> None
 # -- commit is all or nothing -------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("format_1")
 def test_uncommitted_snapshot_is_invisible_and_abort_removes_it(
     backend: Backend, tmp_path: Path
 ) -> None:
@@ -439,6 +440,7 @@ def test_unsafe_archive_member_is_refused(store: ObjectStore, tmp_path: Path) ->
 # -- catalogue ----------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("format_1")
 def test_list_and_delete_snapshots(store: ObjectStore, tmp_path: Path) -> None:
     ids = sorted(_sid() for _ in range(3))
     for sid in ids:
@@ -504,7 +506,7 @@ def test_memory_stays_bounded_whatever_the_image_size(store: ObjectStore) -> Non
     finally:
         tracemalloc.stop()
     w.commit({})
-    assert info.raw_size == size and len(info.chunks) == 200
+    assert info.raw_size == size and len(info.chunks) >= size // chunk
     # In flight: 2*workers raw chunks, plus per running worker its compressed copy and the
     # S3 client's checksum read buffer, plus the chunk being read: 4*workers + 1. The stream
     # is 200 chunks; holding even a twentieth of it would blow through this.
@@ -527,6 +529,7 @@ def _two_ranks(store: ObjectStore, tmp_path: Path) -> tuple[str, dict[str, dict[
     return sid, trees
 
 
+@pytest.mark.usefixtures("format_1")
 def test_compressed_staging_round_trip_in_parallel(store: ObjectStore, tmp_path: Path) -> None:
     sid, trees = _two_ranks(store, tmp_path)
     reader = SnapshotReader(store, sid)
@@ -558,6 +561,7 @@ def test_compressed_staging_round_trip_in_parallel(store: ObjectStore, tmp_path:
     assert sorted(p.name for p in (tmp_path / "out").iterdir()) == ["rank-0", "rank-1"]
 
 
+@pytest.mark.usefixtures("format_1")
 def test_compressed_staging_corrupt_chunk_fails_the_fetch(backend: Backend, tmp_path: Path) -> None:
     store = backend.store
     sid, trees = _two_ranks(store, tmp_path)
@@ -593,6 +597,7 @@ def _with_wrong_raw_hash(backend: Backend, sid: str, stream: str, index: int) ->
     return victim
 
 
+@pytest.mark.usefixtures("format_1")
 @pytest.mark.parametrize("where", ["first", "last"])
 def test_raw_hash_mismatch_found_while_extracting_leaves_nothing(
     backend: Backend, tmp_path: Path, where: str
@@ -614,6 +619,7 @@ def test_raw_hash_mismatch_found_while_extracting_leaves_nothing(
     assert list(out.iterdir()) == []  # neither stream, nor a temp directory, is left
 
 
+@pytest.mark.usefixtures("format_1")
 def test_damaged_staged_copy_is_caught_while_extracting(store: ObjectStore, tmp_path: Path) -> None:
     sid, trees = _two_ranks(store, tmp_path)
     reader = SnapshotReader(store, sid)
@@ -725,6 +731,7 @@ def test_local_root_unusable(tmp_path: Path) -> None:
 # -- S3 specifics -------------------------------------------------------------------------
 
 
+@pytest.mark.usefixtures("format_1")
 @pytest.mark.s3
 def test_s3_keys_land_under_prefix(seaweed_server: SeaweedServer) -> None:  # noqa: F811
     prefix = f"team-a/{uuid.uuid4().hex[:8]}"

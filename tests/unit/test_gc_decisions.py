@@ -5,7 +5,7 @@ import math
 import pytest
 
 from snapshotter import errors
-from snapshotter.coordinator.gc import IN_PROGRESS, check_min_age, collectable
+from snapshotter.coordinator.gc import BUSY, IN_PROGRESS, check_min_age, collectable, sweepable
 
 NOW = 1_800_000_000.0
 HOUR = 3600.0
@@ -57,3 +57,12 @@ def test_bad_min_age_is_refused(bad: float) -> None:
         collectable({"x": NOW}, set(), NOW, bad)
     with pytest.raises(errors.InvalidArgument):
         check_min_age(bad)
+
+
+def test_shared_chunks_swept_only_when_unreferenced_old_and_idle() -> None:
+    chunks = {"chunks/aa/a": 100.0, "chunks/bb/b": 100.0, "chunks/cc/c": 990.0}
+    go, kept, why = sweepable(chunks, {"chunks/aa/a"}, busy=False, now=1000.0, min_age_s=60)
+    assert go == ["chunks/bb/b"] and kept == 1 and "60s" in why
+    go, kept, why = sweepable(chunks, set(), busy=True, now=1000.0, min_age_s=0)
+    assert go == [] and kept == 3 and why == BUSY
+    assert sweepable(chunks, set(chunks), busy=True, now=1e9, min_age_s=0) == ([], 0, "")

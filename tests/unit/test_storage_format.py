@@ -178,3 +178,57 @@ def test_check_key_accepts(key: str) -> None:
 def test_check_key_rejects(key: str) -> None:
     with pytest.raises(ValueError):
         check_key(key)
+
+
+def _content_stream(name: str, sizes: list[int]) -> fmt.StreamInfo:
+    chunks = []
+    for i, n in enumerate(sizes):
+        sha = fmt.sha256_hex(b"raw%d" % i)
+        chunks.append(fmt.ChunkInfo(i, fmt.content_key(sha), n, n // 3, "", sha, "ab" * 16))
+    return fmt.StreamInfo(name, sum(sizes), max(sizes), tuple(chunks), chunking=fmt.CONTENT)
+
+
+def test_format_2_round_trip_with_variable_chunks_and_offsets() -> None:
+    s = _content_stream("rank-0", [300, 4096, 17, 4096])
+    m = fmt.Manifest("job-2.0001", 1.5, {}, {"rank-0": s})
+    back = fmt.Manifest.from_json(m.to_json())
+    assert back == m and back.version == 2
+    assert [back.streams["rank-0"].offset(i) for i in range(4)] == [0, 300, 4396, 4413]
+    assert back.content_keys() == {c.key for c in s.chunks}
+    assert s.chunks[0].key.startswith("chunks/") and fmt.version_for({"rank-0": s}) == 2
+
+
+def test_format_2_entries_are_checked() -> None:
+    good = _content_stream("rank-0", [10, 20])
+    wrong = fmt.ChunkInfo(
+        1, fmt.content_key("0" * 64), 20, 5, "", good.chunks[1].raw_sha256, "ab" * 16
+    )
+    bad_key = fmt.StreamInfo("rank-0", 30, 20, (good.chunks[0], wrong), chunking=fmt.CONTENT)
+    too_big = fmt.StreamInfo("rank-0", 30, 10, good.chunks, chunking=fmt.CONTENT)
+    wrong_sum = fmt.StreamInfo("rank-0", 31, 20, good.chunks, chunking=fmt.CONTENT)
+    for s in (bad_key, too_big, wrong_sum):
+        with pytest.raises(fmt.ManifestError):
+            fmt.Manifest("x", 0.0, {}, {"rank-0": s}).to_json()
+    # A version-1 manifest cannot list shared chunks (an old reader would misread them).
+    with pytest.raises(fmt.ManifestError, match="version-1"):
+        fmt.Manifest("x", 0.0, {}, {"rank-0": good}, version=1).to_json()
+
+
+def test_versions_read_and_refused() -> None:
+    v1 = _manifest()
+    body = json.loads(v1.to_json())
+    body["version"] = 1
+    body.pop("checksum")
+    body["checksum"] = fmt.sha256_hex(fmt._canonical(body))
+    assert fmt.Manifest.from_json(json.dumps(body).encode()).version == 1
+    body["version"] = 3
+    body.pop("checksum")
+    body["checksum"] = fmt.sha256_hex(fmt._canonical(body))
+    with pytest.raises(fmt.ManifestError, match="upgrade"):
+        fmt.Manifest.from_json(json.dumps(body).encode())
+
+
+def test_an_unset_chunking_from_a_message_is_fixed() -> None:
+    d = _stream("s", "rank-0", 2048, 1024).to_dict()
+    d["chunking"] = ""  # what a proto StreamInfo without the field reads as
+    assert fmt.stream_from_dict("rank-0", d).chunking == fmt.FIXED

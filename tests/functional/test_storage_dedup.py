@@ -1,0 +1,284 @@
+"""Format 2 against real stores (a local directory and SeaweedFS S3): shared, deduplicated
+chunks, the gc that reference-counts them, the node's chunk cache, and old snapshots.
+
+Images are made the way CRIU lays memory out: whole pages, areas back to back, so one rank's
+weights sit at another offset than its replica's, and a grown area shifts all that follows.
+"""
+
+from __future__ import annotations
+
+import os
+import threading
+import time
+import uuid
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from coordinator.gc import gc_report
+from snapshotter.errors import SnapshotCorrupt, StorageUnavailable
+from snapshotter.storage import (
+    LocalDirStore,
+    ObjectStore,
+    SnapshotReader,
+    SnapshotWriter,
+    delete_snapshot,
+    list_snapshots,
+)
+from snapshotter.storage import format as fmt
+from snapshotter.storage.cache import CachedStore
+from snapshotter.storage.commit import commit_snapshot
+from tests.functional.test_storage_backends import Backend, _local_backend, _s3_backend
+from tests.support.seaweed import SeaweedServer, seaweed_server  # noqa: F401 - fixture
+
+pytestmark = pytest.mark.timeout(180)
+
+PAGE = 4096
+MiB = 1 << 20
+
+
+@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
+def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
+    if request.param == "local":
+        return _local_backend(tmp_path / "store")
+    server: SeaweedServer = request.getfixturevalue("seaweed_server")
+    return _s3_backend(server, f"tests/{uuid.uuid4().hex[:12]}")
+
+
+@pytest.fixture
+def store(backend: Backend) -> ObjectStore:
+    return backend.store
+
+
+def _weights(mib: int, seed: int) -> bytes:
+    return np.random.default_rng(seed).standard_normal(mib * MiB // 4).astype(np.float32).tobytes()
+
+
+def _image(root: Path, *, own_pages: int, weights: bytes, seed: int, tail_zero: int = 64) -> Path:
+    """A rank's image directory: `own_pages` pages of its own, then the (shared) weights, then
+    zero pages, in pages-1.img; a small core file beside."""
+    rng = np.random.default_rng(seed)
+    root.mkdir(parents=True)
+    own = rng.integers(0, 255, own_pages * PAGE, dtype=np.uint8).tobytes()
+    (root / "pages-1.img").write_bytes(own + weights + bytes(tail_zero * PAGE))
+    (root / "core-1.img").write_bytes(rng.integers(0, 255, 900, dtype=np.uint8).tobytes())
+    return root
+
+
+def _tree(root: Path) -> dict[str, bytes]:
+    return {p.relative_to(root).as_posix(): p.read_bytes() for p in root.rglob("*") if p.is_file()}
+
+
+def _write(store: ObjectStore, sid: str, dirs: dict[str, Path], **kw: object) -> SnapshotWriter:
+    with SnapshotWriter(store, sid, chunk_size=4 * MiB, **kw) as w:  # type: ignore[arg-type]
+        for name, d in dirs.items():
+            w.add_directory(name, d)
+        w.commit({"job": "dedup"})
+    return w
+
+
+def _restore(store: ObjectStore, sid: str, tmp: Path) -> dict[str, dict[str, bytes]]:
+    r = SnapshotReader(store, sid)
+    names = list(r.manifest().streams)
+    r.verify_and_fetch(tmp / "staging", streams=names, decompress=False)
+    out = r.extract_directories({n: tmp / "out" / n for n in names})
+    return {n: _tree(p) for n, p in out.items()}
+
+
+def _stored(store: ObjectStore) -> int:
+    return sum(o.size for o in store.list_objects(fmt.CONTENT_PREFIX))
+
+
+def test_second_snapshot_uploads_only_what_changed(store: ObjectStore, tmp_path: Path) -> None:
+    w = _weights(32, 1)
+    a = _image(tmp_path / "a", own_pages=40, weights=w, seed=1)
+    first = _write(store, "job-0001", {"rank-0": a})
+    # The job ran on: its own area grew by 3 pages (everything after shifts) and one page of
+    # the weights changed.
+    b = _image(tmp_path / "b", own_pages=43, weights=w[:PAGE * 9] + os.urandom(PAGE) +
+               w[PAGE * 10:], seed=2)  # fmt: skip
+    m1 = SnapshotReader(store, "job-0001").manifest()
+    second = _write(store, "job-0002", {"rank-0": b}, seed=m1.streams.values())
+    assert second.uploaded_bytes <= 0.1 * first.uploaded_bytes, (
+        second.uploaded_bytes, first.uploaded_bytes
+    )
+    # Without the seed the store itself answers (a HEAD per changed-hash chunk): same bytes.
+    third = _write(store, "job-0003", {"rank-0": b})
+    assert third.uploaded_bytes == 0
+    assert _restore(store, "job-0002", tmp_path / "r2")["rank-0"] == _tree(b)
+    assert _restore(store, "job-0001", tmp_path / "r1")["rank-0"] == _tree(a)
+
+
+def test_data_parallel_replicas_are_stored_once(store: ObjectStore, tmp_path: Path) -> None:
+    w = _weights(32, 3)
+    one = _image(tmp_path / "one", own_pages=17, weights=w, seed=10)
+    _write(store, "solo-0001", {"rank-0": one})
+    solo = _stored(store)
+    delete_snapshot(store, "solo-0001")
+    gc_report(store, set(), now=1e12, min_age_s=0, delete=True)  # back to an empty store
+    assert _stored(store) == 0
+    # Four replicas on two "nodes" (two writers, as two agents), own areas of other sizes.
+    ranks = {f"rank-{r}": _image(tmp_path / f"r{r}", own_pages=17 + 5 * r, weights=w,
+                                 seed=20 + r) for r in range(4)}  # fmt: skip
+    node_a = SnapshotWriter(store, "dp-0001", chunk_size=4 * MiB)
+    node_b = SnapshotWriter(store, "dp-0001", chunk_size=4 * MiB)
+    streams: dict[str, dict[str, object]] = {}
+
+    def node(wr: SnapshotWriter, names: list[str]) -> None:
+        for n in names:
+            streams[n] = wr.add_directory(n, ranks[n]).to_dict()
+        wr.release()
+
+    t = [threading.Thread(target=node, args=(node_a, ["rank-0", "rank-1"])),
+         threading.Thread(target=node, args=(node_b, ["rank-2", "rank-3"]))]  # fmt: skip
+    for x in t:
+        x.start()
+    for x in t:
+        x.join()
+    commit_snapshot(store, "dp-0001", streams, {"job": "dp"})  # type: ignore[arg-type]
+    assert _stored(store) <= 1.2 * solo, (_stored(store), solo)
+    got = _restore(store, "dp-0001", tmp_path / "restored")
+    assert got == {n: _tree(p) for n, p in ranks.items()}
+
+
+def test_old_format_and_mixed_snapshots_still_thaw(store: ObjectStore, tmp_path: Path) -> None:
+    a = _image(tmp_path / "a", own_pages=9, weights=_weights(2, 5), seed=5)
+    b = _image(tmp_path / "b", own_pages=11, weights=_weights(2, 6), seed=6)
+    _write(store, "old-0001", {"rank-0": a, "rank-1": b}, format_version=1)
+    m = SnapshotReader(store, "old-0001").manifest()
+    assert m.version == 1 and not m.content_keys()
+    want = {"rank-0": _tree(a), "rank-1": _tree(b)}
+    assert _restore(store, "old-0001", tmp_path / "r-old") == want
+    # Agents on both sides of an upgrade: one stream of each format in one snapshot.
+    old, new = (SnapshotWriter(store, "mix-0001", format_version=v) for v in (1, 2))
+    streams = {"rank-0": old.add_directory("rank-0", a).to_dict(),
+               "rank-1": new.add_directory("rank-1", b).to_dict()}  # fmt: skip
+    old.release()
+    new.release()
+    mix = commit_snapshot(store, "mix-0001", streams, {})
+    assert mix.version == 2 and mix.content_keys()
+    assert _restore(store, "mix-0001", tmp_path / "r-mix") == want
+
+
+def test_gc_under_a_concurrent_freeze_and_thaw_deletes_nothing_needed(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    w = _weights(8, 7)
+    a = _image(tmp_path / "a", own_pages=5, weights=w, seed=7)
+    b = _image(tmp_path / "b", own_pages=6, weights=w, seed=8)
+    c = _image(tmp_path / "c", own_pages=7, weights=_weights(4, 9), seed=9)
+    _write(store, "gc-0001", {"rank-0": a})
+    _write(store, "gc-0002", {"rank-0": b})
+    delete_snapshot(store, "gc-0001")  # retention: its own chunks are garbage now
+    # A freeze writing (uncommitted: its manifest comes later) and a thaw reading, while gc
+    # runs with no grace period at all.
+    running = SnapshotWriter(store, "gc-0003", chunk_size=4 * MiB)
+    info = running.add_directory("rank-0", c)
+    fetched: list[object] = []
+
+    def thaw() -> None:
+        try:
+            fetched.append(_restore(store, "gc-0002", tmp_path / "thaw"))
+        except BaseException as e:  # noqa: BLE001 - asserted below
+            fetched.append(e)
+
+    reader = threading.Thread(target=thaw)
+    reader.start()
+    busy = gc_report(store, {"gc-0003"}, now=1e12, min_age_s=0, delete=True)
+    reader.join()
+    assert busy["chunks"]["collected"] == 0 and busy["chunks"]["kept"] > 0
+    assert fetched == [{"rank-0": _tree(b)}]
+    running.commit({})
+    assert _restore(store, "gc-0003", tmp_path / "r3")["rank-0"] == _tree(c)
+    # Idle: what only gc-0001 used goes; everything gc-0002 and gc-0003 list stays.
+    before = {o.key for o in store.list_objects(fmt.CONTENT_PREFIX)}
+    report = gc_report(store, set(), now=1e12, min_age_s=0, delete=True)
+    after = {o.key for o in store.list_objects(fmt.CONTENT_PREFIX)}
+    needed = set().union(*(SnapshotReader(store, s).manifest().content_keys()
+                           for s in list_snapshots(store)))  # fmt: skip
+    assert report["chunks"]["collected"] == len(before - after) > 0
+    assert after == needed and info.raw_size > 0
+    # With the default grace period nothing young goes, busy or not.
+    delete_snapshot(store, "gc-0003")
+    young = gc_report(store, set(), now=time.time(), min_age_s=3600, delete=True)
+    assert young["chunks"]["collected"] == 0 and young["chunks"]["kept"] > 0
+
+
+def test_damaged_shared_chunk_is_caught_and_every_user_named(
+    backend: Backend, tmp_path: Path
+) -> None:
+    store = backend.store
+    w = _weights(6, 11)
+    _write(store, "bad-0001", {"rank-0": _image(tmp_path / "a", own_pages=3, weights=w, seed=1)})
+    _write(store, "bad-0002", {"rank-0": _image(tmp_path / "b", own_pages=4, weights=w, seed=2)})
+    shared = (SnapshotReader(store, "bad-0001").manifest().content_keys()
+              & SnapshotReader(store, "bad-0002").manifest().content_keys())  # fmt: skip
+    victim = sorted(shared)[0]
+    data = bytearray(store.get_bytes(victim))
+    data[len(data) // 2] ^= 0xFF
+    backend.raw_put(victim, bytes(data))
+    for sid, other in (("bad-0001", "bad-0002"), ("bad-0002", "bad-0001")):
+        with pytest.raises(SnapshotCorrupt) as e:
+            _restore(store, sid, tmp_path / f"r-{sid}")
+        assert victim in str(e.value) and other in str(e.value)
+        assert not (tmp_path / f"r-{sid}" / "out").exists() or not any(
+            (tmp_path / f"r-{sid}" / "out").iterdir()
+        )
+    # A chunk that vanished is named too, and nothing is extracted.
+    backend.raw_delete(victim)
+    with pytest.raises(SnapshotCorrupt, match="missing"):
+        _restore(store, "bad-0001", tmp_path / "r-missing")
+
+
+def test_node_cache_serves_a_second_thaw_and_drops_a_bad_copy(
+    store: ObjectStore, tmp_path: Path
+) -> None:
+    a = _image(tmp_path / "a", own_pages=8, weights=_weights(4, 12), seed=12)
+    _write(store, "cache-0001", {"rank-0": a})
+    keys = SnapshotReader(store, "cache-0001").manifest().content_keys()
+    cached = CachedStore(store, tmp_path / "cache", 1 << 30)
+    assert _restore(cached, "cache-0001", tmp_path / "t1")["rank-0"] == _tree(a)
+    assert cached.hits == 0
+    assert _restore(cached, "cache-0001", tmp_path / "t2")["rank-0"] == _tree(a)
+    assert cached.hits == len(keys)
+    # A damaged copy on the node is dropped and fetched again from the store.
+    victim = sorted(keys)[0]
+    path = tmp_path / "cache" / victim[len(fmt.CONTENT_PREFIX):]
+    path.write_bytes(b"SNPn" + b"\x00" * 10)
+    assert _restore(cached, "cache-0001", tmp_path / "t3")["rank-0"] == _tree(a)
+    assert path.read_bytes() == store.get_bytes(victim)
+    # A cache that restarts finds what it held; a small one keeps the newest within its size.
+    again = CachedStore(store, tmp_path / "cache", 1 << 30)
+    assert _restore(again, "cache-0001", tmp_path / "t4")["rank-0"] == _tree(a)
+    assert again.hits == len(keys)
+    small = CachedStore(store, tmp_path / "cache", 2 * MiB)
+    assert sum(p.stat().st_size for p in (tmp_path / "cache").glob("*/*")) <= 2 * MiB
+    assert small.hits == 0
+
+
+def test_aborted_writer_leaves_no_snapshot_and_gc_reclaims_its_chunks(tmp_path: Path) -> None:
+    store = LocalDirStore(tmp_path / "store")
+    w = SnapshotWriter(store, "ab-0001", chunk_size=4 * MiB)
+    w.add_directory("rank-0", _image(tmp_path / "a", own_pages=2, weights=_weights(2, 13), seed=3))
+    w.abort()
+    assert list_snapshots(store) == [] and _stored(store) > 0
+    kept = gc_report(store, set(), now=time.time(), min_age_s=3600, delete=True)
+    assert kept["chunks"]["collected"] == 0 and _stored(store) > 0
+    gone = gc_report(store, set(), now=1e12, min_age_s=3600, delete=True)
+    assert gone["chunks"]["collected"] > 0 and _stored(store) == 0
+
+
+def test_a_failing_store_never_commits(tmp_path: Path) -> None:
+    class Failing(LocalDirStore):
+        def put_bytes(self, key: str, data: bytes) -> None:
+            if fmt.is_content_key(key) and self.fail:
+                raise StorageUnavailable("injected: the store refused a write", "retry")
+            super().put_bytes(key, data)
+
+    store = Failing(tmp_path / "store")
+    store.fail = True  # type: ignore[attr-defined]
+    with pytest.raises(StorageUnavailable, match="injected"):
+        _write(store, "fail-0001", {"rank-0": _image(tmp_path / "a", own_pages=2,
+                                                     weights=_weights(1, 14), seed=4)})  # fmt: skip
+    assert list_snapshots(store) == []
