@@ -263,6 +263,7 @@ class FreezeOperation:
         stats = pb.FreezeStats(
             quiesce_s=quiesce_s, dump_s=dump_s, upload_s=upload_s, stall_s=stall_s,
             image_bytes=image_bytes, uploads=uploads,
+            uploaded_bytes=sum(u.uploaded_bytes for u in uploads),
         )  # fmt: skip
         job, omitted = self.spec.for_snapshot()
         meta = {

@@ -23,8 +23,8 @@ fi
 # run out), so two of them share this machine's two cores in about half the time of one after
 # the other. The harness keeps them apart: network namespaces and subnets are claimed under a
 # lock, every port is picked free, every daemon has its own home, each run its own basetemp.
-# Run 1: the multi-node and resilience modules; run 2: everything else (new modules land here).
-FIRST=(tests/e2e/test_multinode.py tests/e2e/test_multinode_faults.py tests/e2e/test_resilience.py)
+# Run 1: the multi-node modules; run 2: everything else (new modules land here).
+FIRST=(tests/e2e/test_multinode.py tests/e2e/test_multinode_faults.py)
 IGNORE=()
 for m in "${FIRST[@]}"; do IGNORE+=(--ignore "$m"); done
 LOGS=$(mktemp -d /tmp/snapshotter-tests-logs.XXXXXX)

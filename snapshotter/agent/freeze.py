@@ -382,8 +382,13 @@ class Freezes:
                         del self._last_streams[next(iter(self._last_streams))]
                 done.ranks.extend(fr.records[k] for k in sorted(fr.records))
                 done.upload.CopyFrom(
-                    common_pb2.UploadWindow(node=self.node, start=t0, end=time.time())
-                )
+                    common_pb2.UploadWindow(
+                        node=self.node, start=t0, end=time.time(),
+                        uploaded_bytes=writer.uploaded_bytes,
+                        deduped_chunks=writer.deduped_chunks,
+                        uploaded_chunks=writer.uploaded_chunks,
+                    )
+                )  # fmt: skip
                 result["done"] = agent_pb2.UploadEvent(uploaded=done)
             except BaseException as e:  # noqa: BLE001 - handed to the caller below
                 result["error"] = e

@@ -92,9 +92,8 @@ class Thaws:
                 work.mkdir(parents=True, exist_ok=True)
                 local = self.copies.take(manifest, streams, work, self.parallelism)
             if not local:
-                # Stage only the verified compressed chunks; ranks' streams unpack in parallel.
-                reader.verify_and_fetch(work / "staging", streams=streams, decompress=False)
-                reader.extract_directories({s: work / s for s in streams})
+                # Each rank's stream is unpacked as soon as its own chunks are verified.
+                reader.fetch_and_extract(work / "staging", {s: work / s for s in streams})
                 shutil.rmtree(work / "staging", ignore_errors=True)
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)

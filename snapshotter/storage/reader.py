@@ -313,6 +313,41 @@ class SnapshotReader:
             raise failures[0]
         return {n: dest for n, _, dest in jobs}
 
+    def fetch_and_extract(
+        self, staging: str | os.PathLike[str], dests: Mapping[str, str | os.PathLike[str]]
+    ) -> dict[str, Path]:
+        """`verify_and_fetch` then `extract_directory` for each {stream: dest_path}, every
+        stream on its own as soon as its own chunks are verified (a thaw's streams overlap:
+        one is unpacked while the next is fetched). All or nothing, as `extract_directories`:
+        nothing of a stream is unpacked before all its chunks verified, and on any failure
+        every destination already extracted is removed."""
+        jobs = [(n, self._check_dest(n, d)) for n, d in dests.items()]
+        cancel = threading.Event()
+
+        def one(name: str, dest: Path) -> Path:
+            if cancel.is_set():
+                raise _Cancelled()
+            self.verify_and_fetch(staging, streams=[name], decompress=False)
+            return self._extract(name, self._staged_for(name), dest, False, cancel)
+
+        if not jobs:
+            return {}
+        with ThreadPoolExecutor(
+            min(len(jobs), self.workers), thread_name_prefix=f"fetch-{self.snapshot_id}"
+        ) as pool:
+            futures = {pool.submit(one, n, dest): dest for n, dest in jobs}
+            wait_futures(futures, return_when=FIRST_EXCEPTION)
+            cancel.set()  # a no-op when all succeeded; otherwise stops the rest early
+        failures = [
+            e for f in futures if (e := f.exception()) is not None and not isinstance(e, _Cancelled)
+        ]
+        if failures:
+            for f, dest in futures.items():
+                if f.exception() is None:
+                    shutil.rmtree(dest, ignore_errors=True)
+            raise failures[0]
+        return {n: dest for n, dest in jobs}
+
     def _staged_for(self, name: str) -> _Staged:
         with self._lock:
             staged = self._staged.get(name)

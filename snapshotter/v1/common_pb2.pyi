@@ -348,14 +348,20 @@ class PhaseEvent(_message.Message):
     def __init__(self, phase: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., targets: _Optional[_Mapping[str, int]] = ..., stall_s: _Optional[float] = ..., bytes: _Optional[int] = ..., node: _Optional[str] = ...) -> None: ...
 
 class UploadWindow(_message.Message):
-    __slots__ = ("node", "start", "end")
+    __slots__ = ("node", "start", "end", "uploaded_bytes", "deduped_chunks", "uploaded_chunks")
     NODE_FIELD_NUMBER: _ClassVar[int]
     START_FIELD_NUMBER: _ClassVar[int]
     END_FIELD_NUMBER: _ClassVar[int]
+    UPLOADED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    DEDUPED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    UPLOADED_CHUNKS_FIELD_NUMBER: _ClassVar[int]
     node: str
     start: float
     end: float
-    def __init__(self, node: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ...) -> None: ...
+    uploaded_bytes: int
+    deduped_chunks: int
+    uploaded_chunks: int
+    def __init__(self, node: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., uploaded_bytes: _Optional[int] = ..., deduped_chunks: _Optional[int] = ..., uploaded_chunks: _Optional[int] = ...) -> None: ...
 
 class RankProgress(_message.Message):
     __slots__ = ("rank", "answered", "steps", "counts", "proc_state", "exit_code", "in_flight_s")

@@ -304,7 +304,7 @@ class FreezeRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., stop: _Optional[bool] = ..., quiesce_timeout_s: _Optional[float] = ...) -> None: ...
 
 class FreezeStats(_message.Message):
-    __slots__ = ("quiesce_s", "dump_s", "upload_s", "stall_s", "image_bytes", "uploads", "total_s")
+    __slots__ = ("quiesce_s", "dump_s", "upload_s", "stall_s", "image_bytes", "uploads", "total_s", "uploaded_bytes")
     QUIESCE_S_FIELD_NUMBER: _ClassVar[int]
     DUMP_S_FIELD_NUMBER: _ClassVar[int]
     UPLOAD_S_FIELD_NUMBER: _ClassVar[int]
@@ -312,6 +312,7 @@ class FreezeStats(_message.Message):
     IMAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     UPLOADS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_S_FIELD_NUMBER: _ClassVar[int]
+    UPLOADED_BYTES_FIELD_NUMBER: _ClassVar[int]
     quiesce_s: float
     dump_s: float
     upload_s: float
@@ -319,7 +320,8 @@ class FreezeStats(_message.Message):
     image_bytes: int
     uploads: _containers.RepeatedCompositeFieldContainer[_common_pb2.UploadWindow]
     total_s: float
-    def __init__(self, quiesce_s: _Optional[float] = ..., dump_s: _Optional[float] = ..., upload_s: _Optional[float] = ..., stall_s: _Optional[float] = ..., image_bytes: _Optional[int] = ..., uploads: _Optional[_Iterable[_Union[_common_pb2.UploadWindow, _Mapping]]] = ..., total_s: _Optional[float] = ...) -> None: ...
+    uploaded_bytes: int
+    def __init__(self, quiesce_s: _Optional[float] = ..., dump_s: _Optional[float] = ..., upload_s: _Optional[float] = ..., stall_s: _Optional[float] = ..., image_bytes: _Optional[int] = ..., uploads: _Optional[_Iterable[_Union[_common_pb2.UploadWindow, _Mapping]]] = ..., total_s: _Optional[float] = ..., uploaded_bytes: _Optional[int] = ...) -> None: ...
 
 class FreezeDone(_message.Message):
     __slots__ = ("snapshot_id", "stopped", "stats")

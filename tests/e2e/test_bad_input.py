@@ -3,6 +3,7 @@ step; the job keeps running where it was running, and no partial snapshot become
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import subprocess
@@ -203,8 +204,10 @@ def test_corrupt_chunk_fails_thaw_before_any_process_starts(snap: SnapCli, tmp_p
     job = snap.start_job(tmp_path / "o.json", *ARGS)
     snap.wait_step(job, 20)
     snapshot = snap.run("freeze", job, "--stop").stdout.strip().splitlines()[-1]
-    chunks = [p for p in _store_files(snap.home) if "/chunks/" in str(p)]
-    victim = chunks[len(chunks) // 2]
+    store = snap.home / "store"
+    manifest = json.loads((store / "snapshots" / snapshot / "manifest.json").read_bytes())
+    keys = sorted({c["key"] for s in manifest["streams"].values() for c in s["chunks"]})
+    victim = store / keys[len(keys) // 2]
     data = bytearray(victim.read_bytes())
     data[len(data) // 2] ^= 0xFF
     victim.write_bytes(bytes(data))

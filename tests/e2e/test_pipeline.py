@@ -1,6 +1,7 @@
 """A 2-stage pipeline job exchanging isend/irecv every step (activations forward, gradients
-back, a control message): 20 freezes in a row all succeed, wherever in its p2p exchange each
-rank happens to be, and the job finishes bit-identical to the same run under plain torchrun."""
+back, a control message): 10 freezes in a row (SNAPSHOTTER_PIPELINE_FREEZES; longer series are
+bench/soak_bench.py's) all succeed, wherever in its p2p exchange each rank happens to be, and the
+job finishes bit-identical to the same run under plain torchrun."""
 
 from __future__ import annotations
 
@@ -16,14 +17,14 @@ from tests.support.cli import ROOT, SnapCli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
 JOB = ROOT / "tests" / "support" / "jobs" / "pipeline.py"
-FREEZES = 20
+FREEZES = int(os.environ.get("SNAPSHOTTER_PIPELINE_FREEZES", "10"))
 
 
 def _digests(out: Path) -> list[dict[str, object]]:
     return [json.loads(Path(f"{out}.{r}").read_text()) for r in (0, 1)]
 
 
-def test_twenty_freezes_of_a_pipeline_in_a_row(snap: SnapCli, tmp_path: Path) -> None:
+def test_many_freezes_of_a_pipeline_in_a_row(snap: SnapCli, tmp_path: Path) -> None:
     out, stop = tmp_path / "live", tmp_path / "stop"
     args = ("--out", str(out), "--steps", "1000000", "--stop-file", str(stop))
     p = snap.run("run", "--detach", "--nproc-per-node", "2", str(JOB), *args,

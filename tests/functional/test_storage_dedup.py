@@ -79,10 +79,9 @@ def _write(store: ObjectStore, sid: str, dirs: dict[str, Path], **kw: object) ->
 
 
 def _restore(store: ObjectStore, sid: str, tmp: Path) -> dict[str, dict[str, bytes]]:
+    """What an agent's thaw does: each stream unpacked as soon as its own chunks verified."""
     r = SnapshotReader(store, sid)
-    names = list(r.manifest().streams)
-    r.verify_and_fetch(tmp / "staging", streams=names, decompress=False)
-    out = r.extract_directories({n: tmp / "out" / n for n in names})
+    out = r.fetch_and_extract(tmp / "staging", {n: tmp / "out" / n for n in r.manifest().streams})
     return {n: _tree(p) for n, p in out.items()}
 
 
@@ -218,7 +217,12 @@ def test_damaged_shared_chunk_is_caught_and_every_user_named(
     data = bytearray(store.get_bytes(victim))
     data[len(data) // 2] ^= 0xFF
     backend.raw_put(victim, bytes(data))
-    for sid, other in (("bad-0001", "bad-0002"), ("bad-0002", "bad-0001")):
+    # A third snapshot whose other stream is intact: all or nothing, no stream is unpacked.
+    _write(store, "bad-0003", {"rank-0": _image(tmp_path / "c", own_pages=5, weights=w, seed=3),
+                               "rank-1": _image(tmp_path / "d", own_pages=6,
+                                                weights=_weights(2, 12), seed=4)})  # fmt: skip
+    for sid, other in (("bad-0001", "bad-0002"), ("bad-0002", "bad-0001"),
+                       ("bad-0003", "bad-0001")):  # fmt: skip
         with pytest.raises(SnapshotCorrupt) as e:
             _restore(store, sid, tmp_path / f"r-{sid}")
         assert victim in str(e.value) and other in str(e.value)
