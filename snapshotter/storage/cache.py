@@ -36,6 +36,7 @@ class CachedStore(ObjectStore):
         self._lock = threading.Lock()
         self._lru: OrderedDict[str, int] = OrderedDict()  # key -> size, oldest first
         self._bytes = 0
+        self._fetching: dict[str, threading.Event] = {}
         self.hits = 0
         root.mkdir(parents=True, exist_ok=True)
         found = []
@@ -59,11 +60,20 @@ class CachedStore(ObjectStore):
     # -- the cached part ------------------------------------------------------------------
 
     def get_bytes(self, key: str) -> bytes:
-        if fmt.is_content_key(key):
+        if not fmt.is_content_key(key):
+            return self.store.get_bytes(key)
+        while True:
             with self._lock:
                 cached = key in self._lru
                 if cached:
                     self._lru.move_to_end(key)
+                    waiting = None
+                else:
+                    # One fetch per chunk at a time: data-parallel replicas on this node list
+                    # the same chunks, and the second reader takes the first one's copy.
+                    waiting = self._fetching.get(key)
+                    if waiting is None:
+                        self._fetching[key] = threading.Event()
             if cached:
                 try:
                     data = self._path(key).read_bytes()
@@ -72,9 +82,17 @@ class CachedStore(ObjectStore):
                     return data
                 except OSError:
                     self.evict(key)
-        data = self.store.get_bytes(key)
-        if fmt.is_content_key(key):
+                    continue
+            if waiting is None:
+                break
+            waiting.wait()
+        try:
+            data = self.store.get_bytes(key)
             self._keep(key, data)
+        finally:
+            with self._lock:
+                done = self._fetching.pop(key)
+            done.set()
         return data
 
     def put_bytes(self, key: str, data: bytes) -> None:

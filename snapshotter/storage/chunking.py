@@ -42,9 +42,9 @@ class ChunkingParams:
     """Sizes in bytes, multiples of PAGE. The mean chunk is about min_size + PAGE * 2**mask_bits
     (capped by max_size)."""
 
-    min_size: int = 256 * 1024
+    min_size: int = 128 * 1024
     max_size: int = 8 * 1024 * 1024
-    mask_bits: int = 8
+    mask_bits: int = 6
 
     def __post_init__(self) -> None:
         if not (PAGE <= self.min_size <= self.max_size) or self.max_size % PAGE or (
