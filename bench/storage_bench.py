@@ -12,7 +12,9 @@ Adam; every rank the same values) runs on two network-namespace nodes x 2 ranks;
                       step on every rank
   checkpoint-restart  the same job and state with torchrun in the root namespace: saved with
                       torch.distributed.checkpoint, then launched again and loaded: launch ..
-                      first step (relaunch + import + init + load)
+                      first step (relaunch + import + init + load), from a local directory and
+                      from the same S3 server (files downloaded in parallel first, as onto a
+                      replacement node: the ratio's baseline)
   agent memory        peak RSS (VmHWM) of each agent
 
 Reported: medians over rounds, the ratios against the issue's targets, a table, and a plot
@@ -32,6 +34,7 @@ import statistics
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -76,30 +79,62 @@ def _stored(manifest: dict[str, Any], streams: list[str]) -> int:
     return sum(sizes.values())
 
 
-def checkpoint_restart(work: Path, args: argparse.Namespace) -> float:
-    """Launch .. first step of the same job resumed from a torch.distributed.checkpoint."""
+def checkpoint_restart(
+    server: SeaweedServer, work: Path, args: argparse.Namespace
+) -> tuple[float, float]:
+    """Launch .. first step of the same job resumed from a torch.distributed.checkpoint: from
+    a local directory, and from the same S3 server (its files downloaded in parallel first,
+    as a job recovering onto a replacement node must)."""
     ckpt = work / f"dcp-{time.monotonic_ns()}"
     state = ["--frozen-mb", str(args.frozen_mb), "--trainable-mb", str(args.trainable_mb)]
     run = [sys.executable, "-m", "torch.distributed.run", "--nproc-per-node", str(RANKS),
            "--master-port", "29555", str(JOB), *state]  # fmt: skip
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     subprocess.run([*run, "--save-dcp", str(ckpt)], check=True, env=env, capture_output=True)
-    t0 = time.monotonic()
-    p = subprocess.Popen([*run, "--load-dcp", str(ckpt), "--steps", "1000000"], env=env,
-                         stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)  # fmt: skip
-    seen: set[str] = set()
+    s3 = server.client()
+    files = [p for p in ckpt.rglob("*") if p.is_file()]
+    for f in files:
+        s3.upload_file(str(f), server.bucket, f"ckpt/{f.relative_to(ckpt)}")
+
+    def resume(where: Path) -> float:
+        t0 = time.monotonic()
+        p = subprocess.Popen(
+            [*run, "--load-dcp", str(where), "--steps", "1000000"], env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+        )  # fmt: skip
+        seen: set[str] = set()
+        try:
+            assert p.stdout is not None
+            for line in p.stdout:
+                if " step 1 " in line:
+                    seen.add(line.split()[1])
+                    if len(seen) == RANKS:
+                        return time.monotonic() - t0
+            raise RuntimeError("the resumed job ended before its first step")
+        finally:
+            p.terminate()
+            p.wait()
+
     try:
-        assert p.stdout is not None
-        for line in p.stdout:
-            if " step 1 " in line:
-                seen.add(line.split()[1])
-                if len(seen) == RANKS:
-                    return time.monotonic() - t0
-        raise RuntimeError("the resumed job ended before its first step")
+        local = resume(ckpt)
+        fetched = work / f"dcp-fetched-{time.monotonic_ns()}"
+        t0 = time.monotonic()
+
+        def download(f: Path) -> None:
+            rel = f.relative_to(ckpt)
+            (fetched / rel).parent.mkdir(parents=True, exist_ok=True)
+            s3.download_file(server.bucket, f"ckpt/{rel}", str(fetched / rel))
+
+        with ThreadPoolExecutor(8) as pool:
+            list(pool.map(download, files))
+        took = time.monotonic() - t0
+        return local, took + resume(fetched)
     finally:
-        p.terminate()
-        p.wait()
+        s3.delete_objects(Bucket=server.bucket, Delete={"Objects": [
+            {"Key": f"ckpt/{f.relative_to(ckpt)}"} for f in files]})  # fmt: skip
         subprocess.run(["rm", "-rf", str(ckpt)], check=False)
+        for d in work.glob("dcp-fetched-*"):
+            subprocess.run(["rm", "-rf", str(d)], check=False)
 
 
 def one_round(
@@ -124,13 +159,14 @@ def one_round(
     stop = cli.json("freeze", job, "--stop")
     counts = {r: len(cli.steps(job, r)) for r in range(RANKS)}
     t1 = time.monotonic()
-    cli.json("thaw", stop["snapshot_id"], "--nodes", "a,c")
+    th = cli.json("thaw", stop["snapshot_id"], "--nodes", "a,c")
     thaw_step = _first_new_step(dep, job, counts, t1)
+    ts = th.get("stats") or {}
     cli.run("cancel", job)
     for sid in (f1["snapshot_id"], f2["snapshot_id"], stop["snapshot_id"]):
         cli.run("delete", sid)
     cli.run("gc", "--delete", "--min-age", "0")
-    restart = checkpoint_restart(work, args)
+    restart_local, restart_s3 = checkpoint_restart(server, work, args)
     return {
         "image_bytes": st1["image_bytes"],
         "stall_s": st1["stall_s"],
@@ -145,7 +181,10 @@ def one_round(
         "second_logical_Bps": st2["image_bytes"] / st2["upload_s"],
         "boto3_Bps": base["upload_bytes_per_s"],
         "thaw_to_first_step_s": thaw_step,
-        "checkpoint_restart_s": restart,
+        "thaw_fetch_s": ts.get("fetch_s", 0.0),
+        "thaw_restore_s": ts.get("restore_s", 0.0),
+        "checkpoint_restart_s": restart_s3,
+        "checkpoint_restart_local_s": restart_local,
         "agent_peak_rss_bytes": memory,
     }
 
@@ -158,6 +197,8 @@ def ratios(med: dict[str, float]) -> dict[str, float]:
         "second_logical_throughput_vs_boto3": med["second_logical_Bps"] / med["boto3_Bps"],
         "thaw_to_step_vs_checkpoint_restart": med["thaw_to_first_step_s"]
         / med["checkpoint_restart_s"],
+        "thaw_to_step_vs_checkpoint_restart_local": med["thaw_to_first_step_s"]
+        / med["checkpoint_restart_local_s"],
         "stall_vs_freeze": med["stall_s"] / med["freeze_s"],
     }
 

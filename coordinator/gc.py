@@ -29,7 +29,7 @@ the deletes, so a snapshot committed meanwhile keeps its chunks.
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from collections.abc import Set as AbstractSet
 from typing import Any
 
@@ -143,12 +143,13 @@ def referenced_chunks(store: ObjectStore) -> tuple[set[str], set[str]]:
 
 
 def sweep_chunks(
-    store: ObjectStore, busy: bool, *, now: float, min_age_s: float, delete: bool
+    store: ObjectStore, busy: Callable[[], bool], *, now: float, min_age_s: float, delete: bool
 ) -> dict[str, Any]:
-    """The shared-chunk half of `gc_report`, as a plain GcChunks."""
+    """The shared-chunk half of `gc_report`, as a plain GcChunks. `busy()`: whether a freeze
+    of this coordinator writes now (asked at the start and again right before deleting)."""
     chunks = {o.key: o for o in store.list_objects(fmt.CONTENT_PREFIX)}
     referenced, seen = referenced_chunks(store)
-    go, kept, why = sweepable({k: o.mtime for k, o in chunks.items()}, referenced, busy, now,
+    go, kept, why = sweepable({k: o.mtime for k, o in chunks.items()}, referenced, busy(), now,
                               min_age_s)  # fmt: skip
     failed: set[str] = set()
     if delete and go:
@@ -156,6 +157,8 @@ def sweep_chunks(
         again, ids = referenced_chunks(store)
         if ids - seen:
             go = [k for k in go if k not in again]
+        if busy():  # a freeze started meanwhile: it may have found one of them stored
+            go, kept, why = [], kept + len(go), BUSY
         failed = set(store.delete_keys(go))
     gone = [k for k in go if k not in failed]
     unreferenced = [o for k, o in chunks.items() if k not in referenced]
@@ -232,7 +235,7 @@ def gc_report(
         "orphans": orphans,
         "summary": _summary(orphans),
         "chunks": sweep_chunks(
-            store, bool(in_progress), now=now, min_age_s=min_age_s, delete=delete
+            store, lambda: bool(in_progress), now=now, min_age_s=min_age_s, delete=delete
         ),
     }
 

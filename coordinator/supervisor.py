@@ -24,7 +24,8 @@ from dataclasses import asdict
 from typing import TYPE_CHECKING
 
 from snapshotter import errors
-from snapshotter.coordinator import detect, recover, reroute, snapshots
+from snapshotter.config import gc_interval
+from snapshotter.coordinator import detect, gc, recover, reroute, snapshots
 from snapshotter.coordinator import policy as policies
 from snapshotter.coordinator.agents import on_all
 from snapshotter.coordinator.decisions import DEFAULT_HANG_DEADLINE_S, JobPhase
@@ -71,6 +72,8 @@ class Supervisor:
         self.clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._swept: float | None = None  # when the last sweep of shared chunks started
+        self._sweeping = False
 
     def start(self) -> None:
         self._thread = threading.Thread(target=self._loop, daemon=True, name="supervisor")
@@ -115,6 +118,33 @@ class Supervisor:
             except errors.SnapshotterError as e:
                 log.warning("supervising job %s: %s", rec.spec.job_id, e)
         self.c.keep_lives()
+        self._maybe_sweep()
+
+    # ---- shared chunks ---------------------------------------------------------------------
+
+    def _maybe_sweep(self) -> None:
+        """Every SNAPSHOTTER_GC_INTERVAL_S, sweep the shared chunks that no committed snapshot
+        lists any more (retention only deletes manifests), in the background, while no freeze
+        of this coordinator writes."""
+        interval = gc_interval()
+        now = self.clock()
+        due = self._swept is None or now - self._swept >= interval
+        if interval <= 0 or self._sweeping or not due or self.c.protected():
+            return
+        self._swept, self._sweeping = now, True
+        threading.Thread(target=self._sweep, daemon=True, name="chunk-sweep").start()
+
+    def _sweep(self) -> None:
+        try:
+            r = gc.sweep_chunks(self.c.store, lambda: bool(self.c.protected()), now=time.time(),
+                                min_age_s=gc.DEFAULT_MIN_AGE_S, delete=True)  # fmt: skip
+            if r["collected"] or r["failed"]:
+                log.info("swept %d shared chunk(s) (%d bytes) no snapshot lists; %d failed",
+                         r["collected"], r["collected_bytes"], r["failed"])  # fmt: skip
+        except errors.SnapshotterError as e:
+            log.warning("sweep of shared chunks: %s", e)
+        finally:
+            self._sweeping = False
 
     # ---- one job ---------------------------------------------------------------------------
 

@@ -20,6 +20,8 @@ SNAPSHOTTER_CODEC    auto (default: zstd where a sample compresses, raw elsewher
                      lz4 | none; SNAPSHOTTER_ZSTD_LEVEL (default 1)
 SNAPSHOTTER_CHUNK_CACHE_BYTES  disk for the node's cache of stored chunks (default 4 GiB;
                      0: none)
+SNAPSHOTTER_GC_INTERVAL_S  how often a coordinator sweeps shared chunks no snapshot lists
+                     (default 600; 0: only `snapshotter gc --delete`)
 """
 
 from __future__ import annotations
@@ -170,10 +172,17 @@ def format_version() -> int:
 
     Raises: InvalidArgument if it is not 1 or 2.
     """
-    return _whole_number(
+    n = _whole_number(
         "SNAPSHOTTER_FORMAT_VERSION", "2", "set 2 (default) or 1 for a fleet with older readers",
         top=2,
-    ) or 2
+    )
+    if n < 1:
+        from snapshotter import errors
+
+        raise errors.InvalidArgument(
+            "SNAPSHOTTER_FORMAT_VERSION=0 is not a snapshot format", "set 2 (default) or 1"
+        )
+    return n
 
 
 def codec_policy() -> CodecPolicy:
@@ -204,3 +213,13 @@ def chunk_cache_bytes() -> int:
     return _whole_number(
         "SNAPSHOTTER_CHUNK_CACHE_BYTES", str(4 << 30), "set bytes, or 0 for no chunk cache"
     )
+
+
+def gc_interval() -> int:
+    """SNAPSHOTTER_GC_INTERVAL_S (default 600; 0: never): how often a coordinator sweeps the
+    shared chunks no committed snapshot lists (older than gc's default grace period).
+
+    Raises: InvalidArgument if it is not a whole number >= 0.
+    """
+    return _whole_number("SNAPSHOTTER_GC_INTERVAL_S", "600", "set seconds, or 0 to sweep only "
+                         "with `snapshotter gc --delete`")  # fmt: skip

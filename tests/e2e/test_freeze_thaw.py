@@ -6,6 +6,7 @@ thawed; its final parameters must be bit-identical to an uninterrupted run.
 from __future__ import annotations
 
 import os
+import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
 
@@ -167,3 +168,31 @@ def test_fork_with_live_persistent_workers_and_private_tmp(
     out.unlink()
     assert cli.wait(fork)["state"] == "SUCCEEDED"
     assert read_result(out) == read_result(ref)
+
+
+def test_a_format_1_snapshot_thaws_after_the_upgrade(
+    make_snap: Callable[..., SnapCli], tmp_path: Path, reference: dict
+) -> None:
+    """Frozen by agents that write format 1 (per-snapshot chunks: what a release before the
+    shared chunks wrote), thawed after the upgrade by agents that write format 2: bit-identical,
+    through the store (the node's local copy removed)."""
+    old = make_snap({"SNAPSHOTTER_FORMAT_VERSION": "1"})
+    out = tmp_path / "out.json"
+    job = old.start_job(out, *ARGS)
+    old.wait_step(job, 60)
+    snapshot = old.run("freeze", job, "--stop").stdout.strip().splitlines()[-1]
+    files = _store_files(old.home)
+    assert any(f.startswith(f"snapshots/{snapshot}/chunks/") for f in files)
+    assert not any(f.startswith("chunks/") for f in files)
+    old.run("down", "--force")
+    shutil.rmtree(old.home / "copies", ignore_errors=True)
+    new = SnapCli(old.home)
+    try:
+        th = new.run("thaw", snapshot, "--job-id", "upgraded")
+        thawed = th.stdout.strip().splitlines()[-1]
+        assert "from their verified local copy" not in th.stderr, th.stderr
+        st = new.wait(thawed)
+        assert st["state"] == "SUCCEEDED", st
+        assert read_result(out) == reference
+    finally:
+        new.close()

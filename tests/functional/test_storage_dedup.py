@@ -286,3 +286,38 @@ def test_a_failing_store_never_commits(tmp_path: Path) -> None:
         _write(store, "fail-0001", {"rank-0": _image(tmp_path / "a", own_pages=2,
                                                      weights=_weights(1, 14), seed=4)})  # fmt: skip
     assert list_snapshots(store) == []
+
+
+def test_the_coordinator_sweeps_what_retention_left_and_waits_for_freezes(
+    tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    from snapshotter.coordinator.core import Coordinator
+    from snapshotter.coordinator.supervisor import Supervisor
+
+    monkeypatch.setenv("SNAPSHOTTER_GC_INTERVAL_S", "1")
+    store = LocalDirStore(tmp_path / "store")
+    w = _weights(4, 15)
+    _write(store, "ret-0001", {"rank-0": _image(tmp_path / "a", own_pages=3, weights=w, seed=1)})
+    _write(store, "ret-0002", {"rank-0": _image(tmp_path / "b", own_pages=4, weights=w, seed=2)})
+    delete_snapshot(store, "ret-0001")  # what retention does: the manifest goes, chunks stay
+    old = time.time() - 2 * 3600  # older than gc's grace period
+    for p in (tmp_path / "store" / "chunks").rglob("*"):
+        os.utime(p, (old, old))
+    before = _stored(store)
+    coord = Coordinator(store, f"file://{tmp_path / 'store'}", lambda address, name: None)  # type: ignore[arg-type,return-value]
+    clock = [1000.0]
+    sup = Supervisor(coord, clock=lambda: clock[0])
+
+    def sweep() -> None:
+        sup._maybe_sweep()
+        deadline = time.monotonic() + 30
+        while sup._sweeping and time.monotonic() < deadline:
+            time.sleep(0.05)
+
+    coord.writing.add("ret-0003")  # a freeze is writing: no sweep
+    sweep()
+    assert _stored(store) == before
+    coord.writing.clear()
+    sweep()
+    assert 0 < _stored(store) < before
+    assert _restore(store, "ret-0002", tmp_path / "r")["rank-0"] == _tree(tmp_path / "b")
