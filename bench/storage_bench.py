@@ -49,6 +49,7 @@ from tests.support.seaweed import SeaweedServer  # noqa: E402
 JOB = ROOT / "bench" / "state_job.py"
 MiB = 1024 * 1024
 RANKS = 4
+LONG = 1800.0  # a freeze of 10 GB of images uploads at nice 19 beside a training job
 
 # (ratio, target, True when lower is better)
 TARGETS = {
@@ -145,7 +146,7 @@ def one_round(
              "--step-sleep", "0.2")  # fmt: skip
     job = cli.start_job(work / f"out-{i}.json", *state, nodes="a,b", script=JOB)
     cli.wait_step(job, 3, timeout=900)
-    f1 = cli.json("freeze", job)
+    f1 = cli.json("freeze", job, timeout=LONG)
     st1 = f1["stats"]
     per_node = max(1, int(st1["image_bytes"] / len(st1["uploads"])))
     base = boto3_multipart_throughput(server.store_kwargs(), server.bucket, per_node, 8 * MiB, 8)
@@ -153,13 +154,13 @@ def one_round(
     rank0 = sorted(m1["streams"])[0]
     memory = max(_vmhwm(dep.agent_pid(n)) for n in ("a", "b"))
     time.sleep(args.gap)
-    f2 = cli.json("freeze", job)
+    f2 = cli.json("freeze", job, timeout=LONG)
     st2 = f2["stats"]
 
-    stop = cli.json("freeze", job, "--stop")
+    stop = cli.json("freeze", job, "--stop", timeout=LONG)
     counts = {r: len(cli.steps(job, r)) for r in range(RANKS)}
     t1 = time.monotonic()
-    th = cli.json("thaw", stop["snapshot_id"], "--nodes", "a,c")
+    th = cli.json("thaw", stop["snapshot_id"], "--nodes", "a,c", timeout=LONG)
     thaw_step = _first_new_step(dep, job, counts, t1)
     ts = th.get("stats") or {}
     cli.run("cancel", job)

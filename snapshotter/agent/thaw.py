@@ -92,9 +92,9 @@ class Thaws:
                 work.mkdir(parents=True, exist_ok=True)
                 local = self.copies.take(manifest, streams, work, self.parallelism)
             if not local:
-                # Each rank's stream is unpacked as soon as its own chunks are verified.
-                reader.fetch_and_extract(work / "staging", {s: work / s for s in streams})
-                shutil.rmtree(work / "staging", ignore_errors=True)
+                # Streamed from the store into each rank's directory, every chunk checked
+                # before it is unpacked; nothing is staged.
+                reader.fetch_and_extract({s: work / s for s in streams})
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise

@@ -178,7 +178,8 @@ def cmd_freeze(a: argparse.Namespace) -> int:
     res = _drive(c.stub.Freeze(req), ProgressLine(a.json))
     st = res["stats"]
     text = (
-        f"snapshot {res['snapshot_id']} committed: {human_bytes(st['image_bytes'])} of images; "
+        f"snapshot {res['snapshot_id']} committed: {human_bytes(st['image_bytes'])} of images, "
+        f"{human_bytes(st.get('uploaded_bytes', 0))} uploaded (the rest was stored already); "
         f"quiesce {st['quiesce_s']:.2f}s, dump {st['dump_s']:.2f}s, upload {st['upload_s']:.2f}s"
         + (f", job stalled {st['stall_s']:.2f}s" if st.get("stall_s") is not None else "")
         + ("; job stopped" if res["stopped"] else "; job continues")

@@ -28,8 +28,9 @@ import shutil
 import tarfile
 import tempfile
 import threading
+from collections import deque
 from collections.abc import Callable, Iterable, Iterator, Mapping
-from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor
+from concurrent.futures import FIRST_EXCEPTION, Future, ThreadPoolExecutor
 from concurrent.futures import wait as wait_futures
 from dataclasses import dataclass
 from pathlib import Path
@@ -314,30 +315,45 @@ class SnapshotReader:
         return {n: dest for n, _, dest in jobs}
 
     def fetch_and_extract(
-        self, staging: str | os.PathLike[str], dests: Mapping[str, str | os.PathLike[str]]
+        self, dests: Mapping[str, str | os.PathLike[str]]
     ) -> dict[str, Path]:
-        """`verify_and_fetch` then `extract_directory` for each {stream: dest_path}, every
-        stream on its own as soon as its own chunks are verified (a thaw's streams overlap:
-        one is unpacked while the next is fetched). All or nothing, as `extract_directories`:
-        nothing of a stream is unpacked before all its chunks verified, and on any failure
-        every destination already extracted is removed."""
+        """Fetch and unpack each {stream: dest_path}, streams side by side, with no staged copy:
+        each stream's chunks are fetched in order, up to `2 * workers` ahead, and each is
+        checked (sha256 of its raw bytes) before the archive reader sees any of its bytes. A
+        stream is unpacked into a temp directory renamed into place only once all of it
+        verified. All or nothing, as `extract_directories`: on any failure every destination
+        already extracted is removed."""
+        manifest = self.manifest()
+        unknown = [n for n in dests if n not in manifest.streams]
+        if unknown:
+            raise InvalidArgument(
+                f"snapshot {self.snapshot_id!r} has no stream(s) {unknown}",
+                f"its streams are {sorted(manifest.streams)}",
+            )
         jobs = [(n, self._check_dest(n, d)) for n, d in dests.items()]
+        if not jobs:
+            return {}
         cancel = threading.Event()
+        fetchers = ThreadPoolExecutor(
+            2 * self.workers, thread_name_prefix=f"get-{self.snapshot_id}"
+        )
 
         def one(name: str, dest: Path) -> Path:
             if cancel.is_set():
                 raise _Cancelled()
-            self.verify_and_fetch(staging, streams=[name], decompress=False)
-            return self._extract(name, self._staged_for(name), dest, False, cancel)
+            src = _FetchedChunks(self, manifest.streams[name], fetchers, 2 * self.workers, cancel)
+            self._untar(name, src, dest)
+            return dest
 
-        if not jobs:
-            return {}
-        with ThreadPoolExecutor(
-            min(len(jobs), self.workers), thread_name_prefix=f"fetch-{self.snapshot_id}"
-        ) as pool:
-            futures = {pool.submit(one, n, dest): dest for n, dest in jobs}
-            wait_futures(futures, return_when=FIRST_EXCEPTION)
-            cancel.set()  # a no-op when all succeeded; otherwise stops the rest early
+        try:
+            with ThreadPoolExecutor(
+                min(len(jobs), self.workers), thread_name_prefix=f"fetch-{self.snapshot_id}"
+            ) as pool:
+                futures = {pool.submit(one, n, dest): dest for n, dest in jobs}
+                wait_futures(futures, return_when=FIRST_EXCEPTION)
+                cancel.set()  # a no-op when all succeeded; otherwise stops the rest early
+        finally:
+            fetchers.shutdown(wait=True, cancel_futures=True)
         failures = [
             e for f in futures if (e := f.exception()) is not None and not isinstance(e, _Cancelled)
         ]
@@ -347,6 +363,12 @@ class SnapshotReader:
                     shutil.rmtree(dest, ignore_errors=True)
             raise failures[0]
         return {n: dest for n, dest in jobs}
+
+    def _fetch_raw(self, stream: fmt.StreamInfo, c: fmt.ChunkInfo) -> bytes:
+        """One chunk's raw bytes from the store, checked, whatever its format."""
+        if c.content_addressed:
+            return self._fetch_content(stream, c)
+        return self._decompress(stream, c, self._fetch_stored(stream, c))
 
     def _staged_for(self, name: str) -> _Staged:
         with self._lock:
@@ -376,20 +398,32 @@ class SnapshotReader:
         keep_stream: bool,
         cancel: threading.Event | None,
     ) -> Path:
+        if staged.compressed:
+            stream = self.manifest().streams[name]
+            src: io.RawIOBase = _VerifiedChunks(self, stream, staged.path, cancel)
+        else:
+            src = io.FileIO(staged.path, "r")
+        self._untar(name, src, dest)
+        if not keep_stream:
+            staged.path.unlink(missing_ok=True)
+            with self._lock:
+                if self._staged.get(name) == staged:
+                    del self._staged[name]
+        return dest
+
+    def _untar(self, name: str, src: io.RawIOBase, dest: Path) -> None:
+        """Unpack stream `name`, read from `src`, into a temp directory beside `dest`, renamed
+        to `dest` once every byte (the archive's end padding too) verified."""
         dest.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{dest.name}.extracting-", dir=dest.parent))
         try:
-            if staged.compressed:
-                stream = self.manifest().streams[name]
-                src: io.RawIOBase = _VerifiedChunks(self, stream, staged.path, cancel)
-            else:
-                src = io.FileIO(staged.path, "r")
             with src:
                 bufsize = dirstream.TAR_READ_BUFSIZE
                 with tarfile.open(fileobj=src, mode="r|", bufsize=bufsize) as tar:
                     tar.extractall(tmp, members=self._checked(name, tar), filter="data")
-                if isinstance(src, _VerifiedChunks):
-                    src.drain()  # the archive's end padding must verify too
+                drain = getattr(src, "drain", None)
+                if drain is not None:
+                    drain()  # the archive's end padding must verify too
             os.replace(tmp, dest)
         except tarfile.TarError as e:
             shutil.rmtree(tmp, ignore_errors=True)
@@ -401,12 +435,6 @@ class SnapshotReader:
         except BaseException:
             shutil.rmtree(tmp, ignore_errors=True)
             raise
-        if not keep_stream:
-            staged.path.unlink(missing_ok=True)
-            with self._lock:
-                if self._staged.get(name) == staged:
-                    del self._staged[name]
-        return dest
 
     def _checked(self, stream: str, tar: tarfile.TarFile) -> Iterator[tarfile.TarInfo]:
         # Each member is checked before it is extracted; one refused member fails the whole
@@ -525,6 +553,81 @@ class _VerifiedChunks(io.RawIOBase):
             self._thread.join()
             self._raw = memoryview(b"")
             self._file.close()
+        super().close()
+
+
+class _FetchedChunks(io.RawIOBase):
+    """The raw bytes of one stream, fetched from the store chunk by chunk in order, `ahead`
+    chunks in flight on `pool`; each chunk is checked before any of its bytes are handed out."""
+
+    def __init__(
+        self,
+        reader: SnapshotReader,
+        stream: fmt.StreamInfo,
+        pool: ThreadPoolExecutor,
+        ahead: int,
+        cancel: threading.Event,
+    ) -> None:
+        super().__init__()
+        self._reader, self._stream, self._pool = reader, stream, pool
+        self._ahead, self._cancel = ahead, cancel
+        self._pending: deque[Future[bytes]] = deque()
+        self._next = 0
+        self._raw = memoryview(b"")
+        self._fill()
+
+    def readable(self) -> bool:
+        return True
+
+    def _fill(self) -> None:
+        chunks = self._stream.chunks
+        while len(self._pending) < self._ahead and self._next < len(chunks):
+            c = chunks[self._next]
+            self._pending.append(self._pool.submit(self._reader._fetch_raw, self._stream, c))
+            self._next += 1
+
+    def _load(self) -> bool:
+        if self._cancel.is_set():
+            raise _Cancelled()
+        if not self._pending:
+            return False
+        raw = self._pending.popleft().result()
+        self._fill()
+        self._raw = memoryview(raw)
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            return self.readall()
+        if not self._raw and not self._load():
+            return b""
+        n = min(size, len(self._raw))
+        out = self._raw[:n].tobytes()
+        self._raw = self._raw[n:]
+        return out
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        if not self._raw and not self._load():
+            return 0
+        n = min(len(b), len(self._raw))
+        b[:n] = self._raw[:n]
+        self._raw = self._raw[n:]
+        return n
+
+    def drain(self) -> None:
+        """Verify every chunk not read yet."""
+        while self._load():
+            self._raw = memoryview(b"")
+
+    def close(self) -> None:
+        if not self.closed:
+            for f in self._pending:
+                f.cancel()
+            for f in self._pending:
+                if not f.cancelled():
+                    f.exception()  # wait: no fetch outlives its stream
+            self._pending.clear()
+            self._raw = memoryview(b"")
         super().close()
 
 

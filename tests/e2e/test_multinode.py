@@ -188,7 +188,8 @@ def test_policy_snapshots_a_lost_node_replaced_by_a_spare_and_a_drain(
     deployment: Deployment, reference: dict, tmp_path: Path
 ) -> None:
     """On a 2x2 job with a policy and --recover auto: snapshots on schedule, retention keeps 2
-    and their chunks are gone from the store; kill -9 of node b's agent and ranks: thawed onto
+    and the others are gone from the store (their shared chunks wait for the coordinator's
+    sweep: tests/functional/test_storage_dedup.py); kill -9 of node b's agent and ranks: thawed onto
     the spare c; then node a's agent gets SIGTERM (a preemption): it drains itself, and its
     ranks (node 0's, with the job's rendezvous server) migrate to b while c's stay in memory;
     the run ends with the parameters of an uninterrupted one."""
@@ -216,7 +217,7 @@ def test_policy_snapshots_a_lost_node_replaced_by_a_spare_and_a_drain(
         kept = {s["snapshot_id"] for s in cli.json("list", "--job", job)["snapshots"]}
         expired = {e["snapshot_id"] for e in events("snapshot")} - kept
         assert 1 <= len(kept) <= 2 and expired, (kept, expired)
-        for sid in expired:  # deleted, chunks and all
+        for sid in expired:  # deleted: nothing is left under its own prefix
             keys = deployment.server.keys(f"mn/snapshots/{sid}/")  # type: ignore[attr-defined]
             assert keys == [], sid
 
@@ -544,9 +545,9 @@ def test_a_transformers_trainer_job_migrates_and_finishes_like_torchrun(
     """A Hugging Face Transformers `Trainer` job (DDP with find_unused_parameters, a
     DataLoader worker; nothing of snapshotter), one rank on each of nodes a and b: node b's
     rank migrates to c mid-training through the store (`--via-store`: chunks never
-    committed, gone afterwards), and the run ends with the parameters of the same
-    script under plain torchrun on nodes a and b (one rank each: the layout changes what
-    the Trainer computes, so the reference has the job's)."""
+    committed, nothing left under snapshots/, its shared chunks are gc's), and the run ends
+    with the parameters of the same script under plain torchrun on nodes a and b (one rank
+    each: the layout changes what the Trainer computes, so the reference has the job's)."""
     pytest.importorskip("transformers")
     script = ROOT / "tests" / "support" / "jobs" / "hf_trainer.py"
     reference = _torchrun_on(deployment, ["a", "b"], script, tmp_path / "ref.json", "160")

@@ -81,7 +81,7 @@ def _write(store: ObjectStore, sid: str, dirs: dict[str, Path], **kw: object) ->
 def _restore(store: ObjectStore, sid: str, tmp: Path) -> dict[str, dict[str, bytes]]:
     """What an agent's thaw does: each stream unpacked as soon as its own chunks verified."""
     r = SnapshotReader(store, sid)
-    out = r.fetch_and_extract(tmp / "staging", {n: tmp / "out" / n for n in r.manifest().streams})
+    out = r.fetch_and_extract({n: tmp / "out" / n for n in r.manifest().streams})
     return {n: _tree(p) for n, p in out.items()}
 
 
