@@ -33,6 +33,7 @@ from snapshotter.procutil import STOPPED_STATES, lower_this_thread
 from snapshotter.rpc import convert
 from snapshotter.sandbox import criu, files
 from snapshotter.sandbox.spawn import PRIVATE_TMP
+from snapshotter.storage import format as fmt
 from snapshotter.storage.api import ObjectStore
 from snapshotter.storage.format import StreamInfo
 from snapshotter.storage.transfer import Progress, SnapshotWriter
@@ -85,6 +86,7 @@ class Freeze:
     phase: FreezePhase = P.PREPARED
     records: dict[int, common_pb2.RankRecord] = field(default_factory=dict)
     writer: SnapshotWriter | None = None
+    written: list[StreamInfo] = field(default_factory=list)  # what the upload stored
     # GPU state checkpointed for the dump and not yet restored into the ranks.
     gpu: GpuHold | None = None
     # The lease: the coordinator's calls and keep-alives renew it; when it runs out with no
@@ -129,9 +131,11 @@ class Freezes:
         self.lease_s = lease_s
         self._lock = threading.Lock()
         self._freezes: dict[str, Freeze] = {}
-        # Per job, the streams this node last uploaded: the next freeze's dedup seed, so its
-        # unchanged chunks cost no hashing beyond xxh3 and no request (storage/dedup.py).
-        self._last_streams: dict[str, list[StreamInfo]] = {}
+        # Per job, the snapshot this node last uploaded to and saw committed, with its
+        # streams: the next freeze's dedup seed, so its unchanged chunks cost no hashing beyond
+        # xxh3 and no request (storage/dedup.py). Only committed chunks are trusted: those of a
+        # freeze that failed are gc's to take.
+        self._last_streams: dict[str, tuple[str, list[StreamInfo]]] = {}
 
     # ---- phases ----------------------------------------------------------------------------
 
@@ -361,8 +365,7 @@ class Freezes:
             try:
                 if background:
                     lower_this_thread(self.upload_nice)
-                with self._lock:
-                    seed = self._last_streams.get(fr.job_id, [])
+                seed = self._seed(fr.job_id)
                 writer = SnapshotWriter(self.store, snapshot_id, progress=progress, seed=seed)
                 fr.writer = writer
                 t0 = time.time()
@@ -375,11 +378,7 @@ class Freezes:
                     done.streams[stream].CopyFrom(
                         convert.parse(info.to_dict(), common_pb2.StreamInfo)
                     )
-                with self._lock:
-                    self._last_streams.pop(fr.job_id, None)
-                    self._last_streams[fr.job_id] = written
-                    while len(self._last_streams) > _SEEDS_KEPT:  # the oldest jobs' go first
-                        del self._last_streams[next(iter(self._last_streams))]
+                fr.written = written
                 done.ranks.extend(fr.records[k] for k in sorted(fr.records))
                 done.upload.CopyFrom(
                     common_pb2.UploadWindow(
@@ -421,6 +420,22 @@ class Freezes:
             raise result["error"]  # type: ignore[misc]
         yield result["done"]  # type: ignore[misc]
 
+    def _seed(self, job_id: str) -> list[StreamInfo]:
+        """The job's last committed streams on this node, while that snapshot still exists
+        (its chunks are then referenced, and gc keeps them)."""
+        with self._lock:
+            last = self._last_streams.get(job_id)
+        if last is None:
+            return []
+        try:
+            if self.store.head(fmt.manifest_key(last[0])) is not None:
+                return last[1]
+        except errors.StorageUnavailable:
+            pass  # the upload will say so itself
+        with self._lock:
+            self._last_streams.pop(job_id, None)
+        return []
+
     def discard_upload(self, freeze_id: str) -> None:
         """Delete the chunks this node wrote for a snapshot that will not be committed."""
         with self._lock:
@@ -442,6 +457,12 @@ class Freezes:
             if fr is not None:
                 fr.gpu = None  # only the moved ranks were checkpointed: they end as they are
             job.let_go(set(stop_ranks))
+        if committed and fr is not None and fr.writer is not None and fr.written:
+            with self._lock:
+                self._last_streams.pop(job_id, None)
+                self._last_streams[job_id] = (fr.writer.snapshot_id, fr.written)
+                while len(self._last_streams) > _SEEDS_KEPT:  # the oldest jobs' go first
+                    del self._last_streams[next(iter(self._last_streams))]
         if committed and fr is not None and fr.writer is not None and self.copies is not None:
             streams = [fr.records[k].stream for k in sorted(fr.records)]
             self.copies.keep(job_id, fr.writer.snapshot_id, fr.work, streams)
