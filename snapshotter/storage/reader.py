@@ -453,7 +453,43 @@ class SnapshotReader:
             )
 
 
-class _VerifiedChunks(io.RawIOBase):
+class _ChunkSource(io.RawIOBase):
+    """A stream's raw bytes, one checked chunk at a time: `_load` puts the next chunk in
+    `_raw` (False at the end), after checking it; reads hand out only loaded bytes."""
+
+    _raw: memoryview
+
+    def _load(self) -> bool:
+        raise NotImplementedError
+
+    def readable(self) -> bool:
+        return True
+
+    def read(self, size: int = -1) -> bytes:
+        if size is None or size < 0:
+            return self.readall()
+        if not self._raw and not self._load():
+            return b""
+        n = min(size, len(self._raw))
+        out = self._raw[:n].tobytes()  # the one copy: tarfile wants bytes
+        self._raw = self._raw[n:]
+        return out
+
+    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
+        if not self._raw and not self._load():
+            return 0
+        n = min(len(b), len(self._raw))
+        b[:n] = self._raw[:n]
+        self._raw = self._raw[n:]
+        return n
+
+    def drain(self) -> None:
+        """Verify every chunk not read yet."""
+        while self._load():
+            pass
+
+
+class _VerifiedChunks(_ChunkSource):
     """The raw bytes of one stream, read from its staged compressed chunks. Each chunk is
     decompressed and its raw size and sha256 checked before any of its bytes are handed out.
 
@@ -482,31 +518,6 @@ class _VerifiedChunks(io.RawIOBase):
         )
         self._thread.start()
 
-    def readable(self) -> bool:
-        return True
-
-    def read(self, size: int = -1) -> bytes:
-        if size is None or size < 0:
-            return self.readall()
-        if not self._raw and not self._load():
-            return b""
-        n = min(size, len(self._raw))
-        out = self._raw[:n].tobytes()  # the one copy: tarfile wants bytes
-        self._raw = self._raw[n:]
-        return out
-
-    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
-        if not self._raw and not self._load():
-            return 0
-        n = min(len(b), len(self._raw))
-        b[:n] = self._raw[:n]
-        self._raw = self._raw[n:]
-        return n
-
-    def drain(self) -> None:
-        """Verify every chunk not read yet."""
-        while self._load():
-            pass
 
     def _load(self) -> bool:
         if self._eof:
@@ -556,7 +567,7 @@ class _VerifiedChunks(io.RawIOBase):
         super().close()
 
 
-class _FetchedChunks(io.RawIOBase):
+class _FetchedChunks(_ChunkSource):
     """The raw bytes of one stream, fetched from the store chunk by chunk in order, `ahead`
     chunks in flight on `pool`; each chunk is checked before any of its bytes are handed out."""
 
@@ -576,9 +587,6 @@ class _FetchedChunks(io.RawIOBase):
         self._raw = memoryview(b"")
         self._fill()
 
-    def readable(self) -> bool:
-        return True
-
     def _fill(self) -> None:
         chunks = self._stream.chunks
         while len(self._pending) < self._ahead and self._next < len(chunks):
@@ -595,29 +603,6 @@ class _FetchedChunks(io.RawIOBase):
         self._fill()
         self._raw = memoryview(raw)
         return True
-
-    def read(self, size: int = -1) -> bytes:
-        if size is None or size < 0:
-            return self.readall()
-        if not self._raw and not self._load():
-            return b""
-        n = min(size, len(self._raw))
-        out = self._raw[:n].tobytes()
-        self._raw = self._raw[n:]
-        return out
-
-    def readinto(self, b: bytearray | memoryview) -> int:  # type: ignore[override]
-        if not self._raw and not self._load():
-            return 0
-        n = min(len(b), len(self._raw))
-        b[:n] = self._raw[:n]
-        self._raw = self._raw[n:]
-        return n
-
-    def drain(self) -> None:
-        """Verify every chunk not read yet."""
-        while self._load():
-            self._raw = memoryview(b"")
 
     def close(self) -> None:
         if not self.closed:

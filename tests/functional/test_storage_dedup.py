@@ -10,7 +10,6 @@ from __future__ import annotations
 import os
 import threading
 import time
-import uuid
 from pathlib import Path
 
 import numpy as np
@@ -29,26 +28,12 @@ from snapshotter.storage import (
 from snapshotter.storage import format as fmt
 from snapshotter.storage.cache import CachedStore
 from snapshotter.storage.commit import commit_snapshot
-from tests.functional.test_storage_backends import Backend, _local_backend, _s3_backend
-from tests.support.seaweed import SeaweedServer, seaweed_server  # noqa: F401 - fixture
+from tests.functional.conftest import Backend
 
 pytestmark = pytest.mark.timeout(180)
 
 PAGE = 4096
 MiB = 1 << 20
-
-
-@pytest.fixture(params=["local", pytest.param("s3", marks=pytest.mark.s3)])
-def backend(request: pytest.FixtureRequest, tmp_path: Path) -> Backend:
-    if request.param == "local":
-        return _local_backend(tmp_path / "store")
-    server: SeaweedServer = request.getfixturevalue("seaweed_server")
-    return _s3_backend(server, f"tests/{uuid.uuid4().hex[:12]}")
-
-
-@pytest.fixture
-def store(backend: Backend) -> ObjectStore:
-    return backend.store
 
 
 def _weights(mib: int, seed: int) -> bytes:
