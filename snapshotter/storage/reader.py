@@ -304,14 +304,7 @@ class SnapshotReader:
             }
             wait_futures(futures, return_when=FIRST_EXCEPTION)
             cancel.set()  # a no-op when all succeeded; otherwise stops the rest early
-        failures = [
-            e for f in futures if (e := f.exception()) is not None and not isinstance(e, _Cancelled)
-        ]
-        if failures:
-            for f, dest in futures.items():
-                if f.exception() is None:
-                    shutil.rmtree(dest, ignore_errors=True)
-            raise failures[0]
+        _all_or_nothing(futures)
         return {n: dest for n, _, dest in jobs}
 
     def fetch_and_extract(
@@ -354,14 +347,7 @@ class SnapshotReader:
                 cancel.set()  # a no-op when all succeeded; otherwise stops the rest early
         finally:
             fetchers.shutdown(wait=True, cancel_futures=True)
-        failures = [
-            e for f in futures if (e := f.exception()) is not None and not isinstance(e, _Cancelled)
-        ]
-        if failures:
-            for f, dest in futures.items():
-                if f.exception() is None:
-                    shutil.rmtree(dest, ignore_errors=True)
-            raise failures[0]
+        _all_or_nothing(futures)
         return {n: dest for n, dest in jobs}
 
     def _fetch_raw(self, stream: fmt.StreamInfo, c: fmt.ChunkInfo) -> bytes:
@@ -620,6 +606,19 @@ _CORRUPT_NEXT_STEP = (
     "this snapshot cannot be restored; thaw from an earlier one (`snapshotter list`) and "
     "delete this one"
 )
+
+
+def _all_or_nothing(futures: Mapping[Future[Path], Path]) -> None:
+    """Raise the first real failure of a set of extractions, after removing every destination
+    that was extracted (the others were cancelled, or failed and cleaned up after themselves)."""
+    failures = [
+        e for f in futures if (e := f.exception()) is not None and not isinstance(e, _Cancelled)
+    ]
+    if failures:
+        for f, dest in futures.items():
+            if f.exception() is None:
+                shutil.rmtree(dest, ignore_errors=True)
+        raise failures[0]
 
 
 def _content(stream: fmt.StreamInfo) -> bool:
