@@ -72,7 +72,9 @@ class Supervisor:
         self.clock = clock
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._swept: float | None = None  # when the last sweep of shared chunks started
+        # When the last sweep of shared chunks started: the first comes an interval after
+        # start, not during it (it lists every chunk and reads every manifest).
+        self._swept = clock()
         self._sweeping = False
 
     def start(self) -> None:
@@ -128,8 +130,7 @@ class Supervisor:
         of this coordinator writes."""
         interval = gc_interval()
         now = self.clock()
-        due = self._swept is None or now - self._swept >= interval
-        if interval <= 0 or self._sweeping or not due or self.c.protected():
+        if interval <= 0 or self._sweeping or now - self._swept < interval or self.c.protected():
             return
         self._swept, self._sweeping = now, True
         threading.Thread(target=self._sweep, daemon=True, name="chunk-sweep").start()

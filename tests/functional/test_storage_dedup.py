@@ -292,6 +292,7 @@ def test_the_coordinator_sweeps_what_retention_left_and_waits_for_freezes(
     coord = Coordinator(store, f"file://{tmp_path / 'store'}", lambda address, name: None)  # type: ignore[arg-type,return-value]
     clock = [1000.0]
     sup = Supervisor(coord, clock=lambda: clock[0])
+    clock[0] += 1  # an interval after start
 
     def sweep() -> None:
         sup._maybe_sweep()
