@@ -238,6 +238,7 @@ class FreezeOperation:
         streams: dict[str, common_pb2.StreamInfo] = {}
         ranks: list[common_pb2.RankRecord] = []
         uploads: list[common_pb2.UploadWindow] = []
+        put_keys: set[str] = set()
         failures: dict[str, BaseException] = {}
         self._uploaded = True  # from here on, chunks may exist that a failure must remove
         up = agent_pb2.UploadRequest(
@@ -255,6 +256,7 @@ class FreezeOperation:
                 streams.update(ev.uploaded.streams)
                 ranks.extend(ev.uploaded.ranks)
                 uploads.append(ev.uploaded.upload)
+                put_keys.update(ev.uploaded.put_keys)
         if failures:
             raise _first(failures)
         upload_s = time.monotonic() - t_up
@@ -277,7 +279,8 @@ class FreezeOperation:
             "stats": convert.plain(stats),
         }
         commit_snapshot(
-            self.store, self.snapshot_id, {n: convert.plain(st) for n, st in streams.items()}, meta
+            self.store, self.snapshot_id, {n: convert.plain(st) for n, st in streams.items()}, meta,
+            put_now=put_keys,
         )
         self._on_committed(self.snapshot_id)
 

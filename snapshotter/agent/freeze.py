@@ -380,6 +380,7 @@ class Freezes:
                     )
                 fr.written = written
                 done.ranks.extend(fr.records[k] for k in sorted(fr.records))
+                done.put_keys.extend(writer.put_keys)
                 done.upload.CopyFrom(
                     common_pb2.UploadWindow(
                         node=self.node, start=t0, end=time.time(),

@@ -7,7 +7,7 @@ its exact size, and only then writes the manifest: the one write that makes a sn
 from __future__ import annotations
 
 import time
-from collections.abc import Mapping
+from collections.abc import Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -16,15 +16,29 @@ from snapshotter.storage import format as fmt
 from snapshotter.storage.api import ObjectStore
 
 
-def check_stored(store: ObjectStore, manifest: fmt.Manifest, workers: int = 8) -> None:
+def check_stored(
+    store: ObjectStore,
+    manifest: fmt.Manifest,
+    workers: int = 8,
+    put_now: Collection[str] = (),
+) -> None:
     """Every chunk of the manifest is in the store with its recorded size.
+
+    `put_now`: shared chunks' keys whose PUT the store acknowledged during this freeze (S3 is
+    read-after-write consistent): not asked again. Every other chunk is, above all those a
+    writer took from the job's previous snapshot without a request.
 
     Raises:
         StorageUnavailable: a chunk is missing or has another size (names up to five).
     """
     # A shared chunk is checked once however many streams use it, and only for presence: its
     # object may be another writer's encoding of the same content.
-    chunks = list({c.key: c for _, c in manifest.chunks()}.values())
+    confirmed = set(put_now)
+    chunks = [
+        c
+        for c in {c.key: c for _, c in manifest.chunks()}.values()
+        if not (c.content_addressed and c.key in confirmed)
+    ]
     with ThreadPoolExecutor(max_workers=max(1, workers)) as pool:
         sizes = list(pool.map(lambda c: store.head(c.key), chunks))
     bad = [
@@ -46,8 +60,10 @@ def commit_snapshot(
     snapshot_id: str,
     streams: Mapping[str, Mapping[str, Any]],
     meta: Mapping[str, Any],
+    put_now: Collection[str] = (),
 ) -> fmt.Manifest:
     """Write the manifest of `snapshot_id` from streams given as `StreamInfo.to_dict()`.
+    `put_now`: as for `check_stored`.
 
     Raises:
         InvalidArgument: a stream description or meta is malformed, or the id is taken.
@@ -68,7 +84,7 @@ def commit_snapshot(
             f"cannot commit snapshot {snapshot_id!r}: {e}",
             "pass only JSON-serializable values in meta and streams as StreamInfo.to_dict()",
         ) from e
-    check_stored(store, manifest)
+    check_stored(store, manifest, put_now=put_now)
     key = fmt.manifest_key(snapshot_id)
     if store.head(key) is not None:
         raise InvalidArgument(

@@ -140,6 +140,7 @@ class SnapshotWriter:
         self._lock = threading.Lock()
         self._streams: dict[str, fmt.StreamInfo | None] = {}  # None while being written
         self._written: set[str] = set()  # every key only we may have created, for abort
+        self._put: set[str] = set()  # shared chunks this writer PUT (the store acknowledged)
         self._undeleted: list[str] = []
         self._raw_total = 0
         self._stored_total = 0
@@ -151,6 +152,13 @@ class SnapshotWriter:
         self._local = threading.local()
         self.committed: fmt.Manifest | None = None
         self._tasks.add_cleanup(self._delete_written)
+
+    @property
+    def put_keys(self) -> list[str]:
+        """The shared chunks this writer uploaded, acknowledged by the store: a commit need
+        not ask for them again (`commit_snapshot(put_now=...)`)."""
+        with self._lock:
+            return sorted(self._put)
 
     @property
     def uploaded_bytes(self) -> int:
@@ -252,6 +260,8 @@ class SnapshotWriter:
                     stored = self._codec.encode(data)
                     self.store.put_bytes(key, stored)
                     size = uploaded = len(stored)
+                    with self._lock:
+                        self._put.add(key)
             except BaseException:
                 self._index.settle(None, key)
                 raise
@@ -340,7 +350,9 @@ class SnapshotWriter:
             streams = {n: s.to_dict() for n, s in self._streams.items() if s is not None}
             self._written.add(fmt.manifest_key(self.snapshot_id))
         try:
-            manifest = commit_snapshot(self.store, self.snapshot_id, streams, meta)
+            manifest = commit_snapshot(
+                self.store, self.snapshot_id, streams, meta, put_now=self._put
+            )
         except StorageUnavailable as err:
             self._tasks.set_exception(err)
             raise

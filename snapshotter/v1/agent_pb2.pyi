@@ -223,7 +223,7 @@ class UploadRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., snapshot_id: _Optional[str] = ...) -> None: ...
 
 class Uploaded(_message.Message):
-    __slots__ = ("streams", "ranks", "upload")
+    __slots__ = ("streams", "ranks", "upload", "put_keys")
     class StreamsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -234,10 +234,12 @@ class Uploaded(_message.Message):
     STREAMS_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
     UPLOAD_FIELD_NUMBER: _ClassVar[int]
+    PUT_KEYS_FIELD_NUMBER: _ClassVar[int]
     streams: _containers.MessageMap[str, _common_pb2.StreamInfo]
     ranks: _containers.RepeatedCompositeFieldContainer[_common_pb2.RankRecord]
     upload: _common_pb2.UploadWindow
-    def __init__(self, streams: _Optional[_Mapping[str, _common_pb2.StreamInfo]] = ..., ranks: _Optional[_Iterable[_Union[_common_pb2.RankRecord, _Mapping]]] = ..., upload: _Optional[_Union[_common_pb2.UploadWindow, _Mapping]] = ...) -> None: ...
+    put_keys: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, streams: _Optional[_Mapping[str, _common_pb2.StreamInfo]] = ..., ranks: _Optional[_Iterable[_Union[_common_pb2.RankRecord, _Mapping]]] = ..., upload: _Optional[_Union[_common_pb2.UploadWindow, _Mapping]] = ..., put_keys: _Optional[_Iterable[str]] = ...) -> None: ...
 
 class UploadEvent(_message.Message):
     __slots__ = ("progress", "uploaded")

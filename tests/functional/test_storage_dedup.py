@@ -307,3 +307,38 @@ def test_the_coordinator_sweeps_what_retention_left_and_waits_for_freezes(
     sweep()
     assert 0 < _stored(store) < before
     assert _restore(store, "ret-0002", tmp_path / "r")["rank-0"] == _tree(tmp_path / "b")
+
+
+def test_commit_asks_only_for_chunks_it_did_not_put_and_catches_a_vanished_one(
+    tmp_path: Path,
+) -> None:
+    class Counting(LocalDirStore):
+        heads: list[str] = []
+
+        def head(self, key: str) -> int | None:
+            self.heads.append(key)
+            return super().head(key)
+
+    store = Counting(tmp_path / "store")
+    w = _weights(8, 16)
+    first = _write(store, "cnt-0001", {"rank-0": _image(tmp_path / "a", own_pages=5, weights=w,
+                                                         seed=1)})  # fmt: skip
+    m1 = SnapshotReader(store, "cnt-0001").manifest()
+    keys = {c.key for _, c in m1.chunks()}
+    assert set(first.put_keys) == keys
+    # Each chunk was asked for once, by the writer before its PUT; the commit asked for none.
+    assert sorted(k for k in store.heads if fmt.is_content_key(k)) == sorted(keys)
+
+    # A second snapshot takes unchanged chunks from the first without a request: the commit
+    # asks for those, and refuses when one vanished meanwhile (gc of a deleted snapshot).
+    store.heads.clear()
+    b = _image(tmp_path / "b", own_pages=6, weights=w, seed=2)
+    with SnapshotWriter(store, "cnt-0002", chunk_size=4 * MiB, seed=m1.streams.values()) as w2:
+        info = w2.add_directory("rank-0", b)
+        seeded = [c.key for c in info.chunks if c.key not in w2.put_keys]
+        assert seeded
+        store.delete_keys([seeded[0]])
+        with pytest.raises(StorageUnavailable, match="missing"):
+            w2.commit({"job": "dedup"})
+    assert list_snapshots(store) == ["cnt-0001"]
+    assert seeded[0] in store.heads
