@@ -47,7 +47,8 @@ CHOICES: list[tuple[str, Callable[[], Chunker | FixedChunker]]] = [
     (f"content, min {mn // KiB} KiB, 1 page in {2**m}" + (" (default)" if (mn, m) == (
         ChunkingParams.min_size, ChunkingParams.mask_bits) else ""),
      lambda mn=mn, m=m: Chunker(ChunkingParams(min_size=mn, mask_bits=m)))
-    for mn, m in [(1024 * KiB, 8), (512 * KiB, 8), (256 * KiB, 8), (256 * KiB, 7), (128 * KiB, 7), (128 * KiB, 6), (64 * KiB, 6), (16 * KiB, 4)]
+    for mn, m in [(1024 * KiB, 8), (512 * KiB, 8), (256 * KiB, 8), (256 * KiB, 7),
+                  (128 * KiB, 7), (128 * KiB, 6), (64 * KiB, 6), (16 * KiB, 4)]
 ]  # fmt: skip
 
 
