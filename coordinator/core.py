@@ -16,6 +16,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any
 
 from snapshotter import __version__, errors
@@ -42,6 +43,7 @@ from snapshotter.rpc import convert
 from snapshotter.rpc.auth import Role
 from snapshotter.rpc.client import Target
 from snapshotter.rpc.server import caller, caller_active
+from snapshotter.storage import signing
 from snapshotter.storage.api import ObjectStore
 from snapshotter.storage.transfer import SnapshotReader
 from snapshotter.v1 import agent_pb2, common_pb2, coordinator_pb2
@@ -104,8 +106,12 @@ class Coordinator:
         token: tuple[int, str] | None = None,
         agent_ttl: float = 15.0,
         keep_finished_jobs: int = 100,
+        keys_dir: Path | None = None,
     ) -> None:
+        """`keys_dir`: where its snapshot signing key and trusted keys live (signing.py);
+        None: a fresh key in memory (tests), trusting only itself."""
         self.store = store
+        self.signer, self.keyring = signing.load(keys_dir)
         self.store_url = store_url
         self.agent_target = agent_target
         self.token = token
@@ -653,7 +659,7 @@ class Coordinator:
                     rec.life.snapshot_steps[sid] = steps
 
             op = FreezeOperation(rec.spec, self._handles(rec), self.store, req.stop, settings,
-                                 on_committed=committed,
+                                 on_committed=committed, signer=self.signer,
                                  current=lambda n: self.live_agents().get(n))  # fmt: skip
             op.plane = rec.plane
             with self.writing_snapshot(op.snapshot_id):
@@ -705,7 +711,14 @@ class Coordinator:
     def thaw(self, req: pb.ThawRequest, recovering: bool = False) -> Iterator[pb.ThawEvent]:
         """`recovering`: the supervisor thaws a job it stopped under the same id."""
         snap = req.snapshot_id
-        meta = dict(SnapshotReader(self.store, snap).manifest().meta)
+        reader = SnapshotReader(self.store, snap)
+        body = reader.manifest_body()
+        # Before anything starts: who committed it, and that nothing changed since.
+        signer = self.keyring.verify(snap, body, reader.signature(),
+                                     allow_unsigned=req.allow_unsigned)  # fmt: skip
+        if not signer:
+            log.warning("thawing unsigned snapshot %s (--allow-unsigned)", snap)
+        meta = dict(reader.manifest().meta)
         spec0 = JobSpec.from_dict(meta["job"])
         with self._lock:
             known = list(self._jobs)
@@ -744,7 +757,8 @@ class Coordinator:
         fork_of_live = spec0.job_id in active and job_id != spec0.job_id
         try:
             yield from ThawOperation(snap, meta, spec, agents, fork_of_live_job=fork_of_live,
-                                     plane=plane).run()  # fmt: skip
+                                     plane=plane,
+                                     digest=signing.manifest_digest(body)).run()  # fmt: skip
             rec.life.progress = detect.reset(rec.life.progress, time.monotonic())
         except BaseException:
             with self._lock:

@@ -30,6 +30,7 @@ from snapshotter.coordinator.decisions import pick_targets, snapshot_id
 from snapshotter.launch.spec import JobSpec
 from snapshotter.rpc import convert
 from snapshotter.storage.api import ObjectStore
+from snapshotter.storage.signing import Signer
 from snapshotter.storage.transfer import commit_snapshot
 from snapshotter.v1 import agent_pb2, common_pb2, coordinator_pb2
 
@@ -91,9 +92,11 @@ class FreezeOperation:
         settings: FreezeSettings,
         on_committed: Callable[[str], None],
         current: Callable[[str], AgentHandle | None] | None = None,
+        signer: Signer | None = None,
     ) -> None:
         """`current(name)`: the coordinator's handle on a node's agent now (a restarted agent
-        registers anew), to tell a lost node from one whose agent restarted."""
+        registers anew), to tell a lost node from one whose agent restarted. `signer`: signs
+        the snapshot's manifest (the coordinator's key)."""
         self.spec = spec
         self.agents = list(agents)
         self.store = store
@@ -102,6 +105,7 @@ class FreezeOperation:
         self.freeze_id = f"frz-{secrets.token_hex(6)}"
         self.snapshot_id = snapshot_id(spec.job_id, datetime.now(UTC), secrets.token_hex(2))
         self._on_committed = on_committed
+        self._signer = signer
         self._current = current
         self._incarnations = {a.name: a.incarnation for a in self.agents}
         self._prepared: list[AgentHandle] = []
@@ -280,7 +284,7 @@ class FreezeOperation:
         }
         commit_snapshot(
             self.store, self.snapshot_id, {n: convert.plain(st) for n, st in streams.items()}, meta,
-            put_now=put_keys,
+            put_now=put_keys, signer=self._signer,
         )
         self._on_committed(self.snapshot_id)
 

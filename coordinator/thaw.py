@@ -53,7 +53,10 @@ class ThawOperation:
         resume_timeout: float = 120.0,
         fork_of_live_job: bool = False,
         plane: int = 0,
+        digest: str = "",
     ) -> None:
+        """`digest`: the sha256 of the manifest whose signature was checked; every agent
+        refuses a manifest with other bytes."""
         if len(agents) != spec.nnodes:
             raise errors.InvalidArgument(
                 f"snapshot {snapshot_id} has {spec.nnodes} node(s) of ranks but "
@@ -68,6 +71,7 @@ class ThawOperation:
         self.resume_timeout = resume_timeout
         self.put_back_files = not fork_of_live_job
         self.plane = plane
+        self.digest = digest
         self._ranks = ranks_by_node(meta, spec.nnodes)
 
     def run(self) -> Iterator[coordinator_pb2.ThawEvent]:
@@ -104,7 +108,8 @@ class ThawOperation:
         def fetch(a: AgentHandle) -> Iterator[agent_pb2.FetchEvent]:
             streams = [r.stream for r in self._ranks[node_of[a.name]]]
             return a.stub.Fetch(agent_pb2.FetchRequest(snapshot_id=self.snapshot_id,
-                                                       streams=streams))  # fmt: skip
+                                                       streams=streams,
+                                                       manifest_sha256=self.digest))  # fmt: skip
 
         for name, ev in merge_streams(self.agents, fetch):
             if isinstance(ev, BaseException):

@@ -77,6 +77,12 @@ class Paths:
         return self.run_dir / "keeper.sock"
 
     @property
+    def keys_dir(self) -> Path:
+        """The coordinator's snapshot signing key and the keys it trusts (storage/signing.py);
+        SNAPSHOTTER_KEYS_DIR moves it (keep it off the store's disk)."""
+        return Path(os.environ.get("SNAPSHOTTER_KEYS_DIR") or self.home / "keys")
+
+    @property
     def default_store(self) -> str:
         return str(self.home / "store")
 

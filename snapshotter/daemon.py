@@ -154,7 +154,7 @@ def serve_embedded(paths: Paths, bind_host: str = "127.0.0.1") -> int:
     )
     coord = Coordinator(
         store, url, lambda address, name: Target(address, server_name=name),
-        keep_finished_jobs=keep_jobs(),
+        keep_finished_jobs=keep_jobs(), keys_dir=paths.keys_dir,
     )  # fmt: skip
     supervisor = Supervisor(coord, tick_s=supervise_tick())
     supervisor.start()
@@ -220,6 +220,7 @@ class CoordinatorConfig:
     agent_tls: Any = None
     agent_token: str | None = None
     agent_ttl: float = 15.0
+    keys_dir: Path | None = None  # its snapshot signing key (None: one in memory only)
 
 
 def serve_coordinator(cfg: CoordinatorConfig) -> int:
@@ -232,7 +233,7 @@ def serve_coordinator(cfg: CoordinatorConfig) -> int:
                       fence=token)  # fmt: skip
 
     coord = Coordinator(store, cfg.store_url, agent_target, token, agent_ttl=cfg.agent_ttl,
-                        keep_finished_jobs=keep_jobs())  # fmt: skip
+                        keep_finished_jobs=keep_jobs(), keys_dir=cfg.keys_dir)  # fmt: skip
     supervisor = Supervisor(coord, tick_s=supervise_tick())
     supervisor.start()
     stop = _stop_event()

@@ -131,6 +131,12 @@ class SnapshotCorrupt(ThawFailed):
     code = "snapshot_corrupt"
 
 
+class SnapshotUntrusted(ThawFailed):
+    """Unsigned, signed by a key the coordinator does not trust, or altered since signed."""
+
+    code = "snapshot_untrusted"
+
+
 class StorageUnavailable(SnapshotterError):
     exit_code = 8
     code = "storage_unavailable"

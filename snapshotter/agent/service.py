@@ -106,7 +106,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
     def Fetch(self, req: agent_pb2.FetchRequest, ctx: Any) -> Iterator[agent_pb2.FetchEvent]:
         uncommitted = {n: convert.plain(s) for n, s in req.uncommitted.items()}
-        return self.agent.thaws.fetch(req.snapshot_id, list(req.streams), uncommitted or None)
+        return self.agent.thaws.fetch(req.snapshot_id, list(req.streams), uncommitted or None,
+                                      digest=req.manifest_sha256)  # fmt: skip
 
     def DiscardFetch(self, req: agent_pb2.FetchRef, ctx: Any) -> common_pb2.Empty:
         self.agent.thaws.discard(req.op)

@@ -74,15 +74,16 @@ class Thaws:
 
     def fetch(
         self, snapshot_id: str, streams: list[str],
-        uncommitted: dict[str, Any] | None = None,
+        uncommitted: dict[str, Any] | None = None, digest: str = "",
     ) -> Iterator[agent_pb2.FetchEvent]:  # fmt: skip
         """Download and verify every chunk of `streams`, then unpack them, or take them from
         this node's local copy once it matched the committed manifest. Phase one of a thaw:
         no process starts before every node fetched. `uncommitted`: the streams' chunk lists
-        of a migration through the store, which commits no manifest."""
+        of a migration through the store, which commits no manifest. `digest`: the sha256 of
+        the manifest whose signature the coordinator checked; another manifest is refused."""
         op = f"thaw-{uuid.uuid4().hex[:12]}"
         work = self.paths.work_dir(op)
-        reader = SnapshotReader(self.store, snapshot_id, uncommitted=uncommitted)
+        reader = SnapshotReader(self.store, snapshot_id, uncommitted=uncommitted, digest=digest)
         t0 = time.monotonic()
         local = False
         try:

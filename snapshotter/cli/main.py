@@ -19,6 +19,7 @@ from typing import Any
 
 from snapshotter import __version__, errors
 from snapshotter.cli import gc as gc_cli
+from snapshotter.cli import keys as keys_cli
 from snapshotter.cli import preempt, services, supervise
 from snapshotter.cli.connect import coordinator, stop_embedded
 from snapshotter.cli.output import Msg, ProgressLine, emit_result, human_bytes, table
@@ -192,7 +193,8 @@ def cmd_freeze(a: argparse.Namespace) -> int:
 def cmd_thaw(a: argparse.Namespace) -> int:
     c = _client()
     req = pb.ThawRequest(
-        snapshot_id=a.snapshot, job_id=a.job_id or "", nodes=a.nodes.split(",") if a.nodes else []
+        snapshot_id=a.snapshot, job_id=a.job_id or "", nodes=a.nodes.split(",") if a.nodes else [],
+        allow_unsigned=a.allow_unsigned,
     )
     res = _drive(c.stub.Thaw(req), ProgressLine(a.json))
     st = res["stats"]
@@ -433,6 +435,8 @@ def build_parser() -> argparse.ArgumentParser:
     t.add_argument("snapshot")
     t.add_argument("--job-id", default=None)
     t.add_argument("--nodes", default=None)
+    t.add_argument("--allow-unsigned", action="store_true",
+                   help="thaw a snapshot that has no signature (taken before signing existed)")
 
     m = add("migrate", cmd_migrate, "move a running job's ranks off a node; the rest stay")
     m.add_argument("job_id")
@@ -467,6 +471,7 @@ def build_parser() -> argparse.ArgumentParser:
     dn = add("down", cmd_down, "stop the embedded coordinator and agent")
     dn.add_argument("--force", action="store_true", help="also stop running jobs")
     gc_cli.add_parser(sub).set_defaults(fn=lambda a: gc_cli.run(a, _client()))
+    keys_cli.add_parser(sub)
     services.add_parsers(sub, common)
     supervise.add_parsers(sub, common, _client)
     return p

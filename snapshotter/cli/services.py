@@ -85,6 +85,7 @@ def cmd_coordinator(a: argparse.Namespace) -> int:
         agent_tls=listen.tls,  # its own certificate (OU=coordinator) toward the agents
         agent_token=_token(a.agent_token_file),
         agent_ttl=a.agent_ttl,
+        keys_dir=Paths(default_home()).keys_dir,
     )
     return daemon.serve_coordinator(cfg)
 

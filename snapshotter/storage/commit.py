@@ -14,6 +14,7 @@ from typing import Any
 from snapshotter.errors import InvalidArgument, StorageUnavailable
 from snapshotter.storage import format as fmt
 from snapshotter.storage.api import ObjectStore
+from snapshotter.storage.signing import Signer
 
 
 def check_stored(
@@ -61,9 +62,11 @@ def commit_snapshot(
     streams: Mapping[str, Mapping[str, Any]],
     meta: Mapping[str, Any],
     put_now: Collection[str] = (),
+    signer: Signer | None = None,
 ) -> fmt.Manifest:
     """Write the manifest of `snapshot_id` from streams given as `StreamInfo.to_dict()`.
-    `put_now`: as for `check_stored`.
+    `put_now`: as for `check_stored`. `signer`: signs the manifest (signing.py); its
+    signature is written first, so a committed snapshot is signed from its first moment.
 
     Raises:
         InvalidArgument: a stream description or meta is malformed, or the id is taken.
@@ -91,5 +94,7 @@ def commit_snapshot(
             f"snapshot {snapshot_id!r} was committed by someone else meanwhile",
             "use a unique snapshot id per freeze",
         )
+    if signer is not None:
+        store.put_bytes(fmt.signature_key(snapshot_id), signer.sign(body))
     store.put_bytes(key, body)
     return manifest

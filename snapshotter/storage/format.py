@@ -59,6 +59,7 @@ SNAPSHOTS_PREFIX = "snapshots/"
 CONTENT_PREFIX = "chunks/"
 FIXED, CONTENT = "fixed", "content"
 MANIFEST_NAME = "manifest.json"
+SIGNATURE_NAME = "manifest.sig"
 MAX_CHUNKS = 100_000_000
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
@@ -87,6 +88,11 @@ def snapshot_prefix(snapshot_id: str) -> str:
 
 def manifest_key(snapshot_id: str) -> str:
     return f"{snapshot_prefix(snapshot_id)}{MANIFEST_NAME}"
+
+
+def signature_key(snapshot_id: str) -> str:
+    """The manifest's signature (storage/signing.py), written just before the manifest."""
+    return f"{snapshot_prefix(snapshot_id)}{SIGNATURE_NAME}"
 
 
 def chunk_key(snapshot_id: str, stream: str, index: int) -> str:

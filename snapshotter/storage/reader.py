@@ -42,9 +42,10 @@ from snapshotter.errors import (
     InvalidArgument,
     SnapshotCorrupt,
     SnapshotNotFound,
+    SnapshotUntrusted,
     StorageUnavailable,
 )
-from snapshotter.storage import dirstream
+from snapshotter.storage import dirstream, signing
 from snapshotter.storage import format as fmt
 from snapshotter.storage.api import ObjectMissing, ObjectStore
 from snapshotter.storage.catalog import snapshots_using
@@ -83,9 +84,12 @@ class SnapshotReader:
     def __init__(
         self, store: ObjectStore, snapshot_id: str, *, workers: int = DEFAULT_WORKERS,
         uncommitted: Mapping[str, Mapping[str, Any]] | None = None,
+        digest: str = "",
     ) -> None:
         """`uncommitted`: read these streams (as `StreamInfo.to_dict()`) of a snapshot that
-        has no manifest (a migration through the store); every chunk is checked the same."""
+        has no manifest (a migration through the store); every chunk is checked the same.
+        `digest`: the sha256 of the manifest bytes whose signature a thaw checked
+        (signing.manifest_digest); a manifest with other bytes is refused."""
         try:
             fmt.validate_name(snapshot_id)
         except ValueError as e:
@@ -94,6 +98,7 @@ class SnapshotReader:
         self.snapshot_id = snapshot_id
         self.workers = workers
         self._manifest: fmt.Manifest | None = None
+        self._digest = digest
         if uncommitted is not None:
             try:
                 streams = {n: fmt.stream_from_dict(n, s) for n, s in uncommitted.items()}
@@ -114,13 +119,30 @@ class SnapshotReader:
         self._staged: dict[str, _Staged] = {}
         self._codec = Codec()
 
+    def manifest_body(self) -> bytes:
+        """The manifest's stored bytes, as signed."""
+        try:
+            return self.store.get_bytes(fmt.manifest_key(self.snapshot_id))
+        except ObjectMissing as e:
+            raise SnapshotNotFound(self.snapshot_id, self.store.describe()) from e
+
+    def signature(self) -> bytes | None:
+        """The manifest's signature object (signing.py), None when unsigned."""
+        try:
+            return self.store.get_bytes(fmt.signature_key(self.snapshot_id))
+        except ObjectMissing:
+            return None
+
     def manifest(self) -> fmt.Manifest:
         if self._manifest is None:
             key = fmt.manifest_key(self.snapshot_id)
-            try:
-                data = self.store.get_bytes(key)
-            except ObjectMissing as e:
-                raise SnapshotNotFound(self.snapshot_id, self.store.describe()) from e
+            data = self.manifest_body()
+            if self._digest and signing.manifest_digest(data) != self._digest:
+                raise SnapshotUntrusted(
+                    f"the manifest of snapshot {self.snapshot_id!r} in {self.store.describe()} "
+                    "changed after the coordinator checked its signature",
+                    "thaw again; if it repeats, find out who writes to the store",
+                )
             try:
                 m = fmt.Manifest.from_json(data)
             except fmt.ManifestError as e:

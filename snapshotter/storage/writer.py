@@ -48,6 +48,7 @@ from snapshotter.storage.codec import Codec, CodecPolicy
 from snapshotter.storage.commit import commit_snapshot
 from snapshotter.storage.dedup import DedupIndex
 from snapshotter.storage.dirstream import tar_directory
+from snapshotter.storage.signing import Signer
 from snapshotter.storage.tasks import TransferStatus, TransferTasks
 
 log = logging.getLogger(__name__)
@@ -329,7 +330,7 @@ class SnapshotWriter:
 
     # -- commit / abort -------------------------------------------------------------------
 
-    def commit(self, meta: Mapping[str, Any]) -> fmt.Manifest:
+    def commit(self, meta: Mapping[str, Any], signer: Signer | None = None) -> fmt.Manifest:
         """Verify every chunk is stored, then write the manifest: the snapshot now exists.
         The same commit the coordinator makes of every node's streams (commit.py).
 
@@ -349,9 +350,10 @@ class SnapshotWriter:
                 )
             streams = {n: s.to_dict() for n, s in self._streams.items() if s is not None}
             self._written.add(fmt.manifest_key(self.snapshot_id))
+            self._written.add(fmt.signature_key(self.snapshot_id))
         try:
             manifest = commit_snapshot(
-                self.store, self.snapshot_id, streams, meta, put_now=self._put
+                self.store, self.snapshot_id, streams, meta, put_now=self._put, signer=signer
             )
         except StorageUnavailable as err:
             self._tasks.set_exception(err)

@@ -264,7 +264,7 @@ class FinishFreezeRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., stop: _Optional[bool] = ..., committed: _Optional[bool] = ..., stop_ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("snapshot_id", "streams", "uncommitted")
+    __slots__ = ("snapshot_id", "streams", "uncommitted", "manifest_sha256")
     class UncommittedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -275,10 +275,12 @@ class FetchRequest(_message.Message):
     SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
     STREAMS_FIELD_NUMBER: _ClassVar[int]
     UNCOMMITTED_FIELD_NUMBER: _ClassVar[int]
+    MANIFEST_SHA256_FIELD_NUMBER: _ClassVar[int]
     snapshot_id: str
     streams: _containers.RepeatedScalarFieldContainer[str]
     uncommitted: _containers.MessageMap[str, _common_pb2.StreamInfo]
-    def __init__(self, snapshot_id: _Optional[str] = ..., streams: _Optional[_Iterable[str]] = ..., uncommitted: _Optional[_Mapping[str, _common_pb2.StreamInfo]] = ...) -> None: ...
+    manifest_sha256: str
+    def __init__(self, snapshot_id: _Optional[str] = ..., streams: _Optional[_Iterable[str]] = ..., uncommitted: _Optional[_Mapping[str, _common_pb2.StreamInfo]] = ..., manifest_sha256: _Optional[str] = ...) -> None: ...
 
 class Fetched(_message.Message):
     __slots__ = ("node", "op", "fetch_s", "local_copy")

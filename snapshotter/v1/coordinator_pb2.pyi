@@ -344,14 +344,16 @@ class FreezeEvent(_message.Message):
     def __init__(self, phase: _Optional[_Union[_common_pb2.PhaseEvent, _Mapping]] = ..., progress: _Optional[_Union[_common_pb2.TransferProgress, _Mapping]] = ..., done: _Optional[_Union[FreezeDone, _Mapping]] = ...) -> None: ...
 
 class ThawRequest(_message.Message):
-    __slots__ = ("snapshot_id", "job_id", "nodes")
+    __slots__ = ("snapshot_id", "job_id", "nodes", "allow_unsigned")
     SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
+    ALLOW_UNSIGNED_FIELD_NUMBER: _ClassVar[int]
     snapshot_id: str
     job_id: str
     nodes: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, snapshot_id: _Optional[str] = ..., job_id: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ...) -> None: ...
+    allow_unsigned: bool
+    def __init__(self, snapshot_id: _Optional[str] = ..., job_id: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., allow_unsigned: _Optional[bool] = ...) -> None: ...
 
 class NodeThawStats(_message.Message):
     __slots__ = ("node", "restore_s", "resume_s", "fetch_s", "local_copy")

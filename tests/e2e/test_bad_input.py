@@ -208,7 +208,7 @@ def test_corrupt_chunk_fails_thaw_before_any_process_starts(snap: SnapCli, tmp_p
     manifest = json.loads((store / "snapshots" / snapshot / "manifest.json").read_bytes())
     keys = sorted({c["key"] for s in manifest["streams"].values() for c in s["chunks"]})
     victim = store / keys[len(keys) // 2]
-    data = bytearray(victim.read_bytes())
+    data = bytearray(good := victim.read_bytes())
     data[len(data) // 2] ^= 0xFF
     victim.write_bytes(bytes(data))
     # A thaw that must fetch: without the node's own copy of the images (a thaw on another
@@ -222,6 +222,46 @@ def test_corrupt_chunk_fails_thaw_before_any_process_starts(snap: SnapCli, tmp_p
     assert [j["state"] for j in jobs] == ["FROZEN"]  # no thawed job, no running rank
     assert all(r["exit_code"] is not None for j in jobs for r in j["ranks"])
     assert snapshot in [s["snapshot_id"] for s in snap.json("list")["snapshots"]]
+    victim.write_bytes(good)
+    _untrusted_snapshots_are_refused(snap, snapshot, tmp_path)
+
+
+def _untrusted_snapshots_are_refused(snap: SnapCli, snapshot: str, tmp_path: Path) -> None:
+    """The same frozen job's snapshot, altered as someone who can write to the store would:
+    every chunk still matches its hash, only the signature tells."""
+    from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+
+    from snapshotter.storage.signing import Signer
+
+    where = snap.home / "store" / "snapshots" / snapshot
+    body, sig = (where / "manifest.json").read_bytes(), (where / "manifest.sig").read_bytes()
+
+    def refused(why: str, *args: str) -> None:
+        p = snap.run("thaw", snapshot, *args, "--json", check=False)
+        assert p.returncode == 7, (p.stdout, p.stderr)
+        err = json.loads(p.stdout.strip().splitlines()[-1])["error"]
+        assert err["code"] == "snapshot_untrusted" and why in err["cause"], err
+        assert err["next_step"], err
+        assert [j["state"] for j in snap.json("jobs")["jobs"]] == ["FROZEN"]
+
+    # Two chunks of a rank's image swapped in the manifest: valid chunks, valid hashes.
+    m = json.loads(body)
+    chunks = max((s["chunks"] for s in m["streams"].values()), key=len)
+    a, b = chunks[1], chunks[2]
+    for k in set(a) - {"index"}:
+        a[k], b[k] = b[k], a[k]
+    (where / "manifest.json").write_bytes(json.dumps(m).encode())
+    refused("altered")
+    (where / "manifest.json").write_bytes(body)
+    # Signed by a coordinator this one does not trust.
+    (where / "manifest.sig").write_bytes(Signer(Ed25519PrivateKey.generate()).sign(body))
+    refused("does not trust")
+    # Not signed at all: refused, unless the operator says it may be (taken before signing).
+    (where / "manifest.sig").unlink()
+    refused("not signed")
+    job = snap.json("thaw", snapshot, "--allow-unsigned")["job_id"]
+    assert snap.wait(job)["state"] == "SUCCEEDED"
+    (where / "manifest.sig").write_bytes(sig)
 
 
 def test_freeze_right_at_launch_never_breaks_the_job(snap: SnapCli, tmp_path: Path) -> None:

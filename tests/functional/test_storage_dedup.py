@@ -342,3 +342,37 @@ def test_commit_asks_only_for_chunks_it_did_not_put_and_catches_a_vanished_one(
             w2.commit({"job": "dedup"})
     assert list_snapshots(store) == ["cnt-0001"]
     assert seeded[0] in store.heads
+
+
+def test_a_signed_commit_writes_its_signature_first_and_readers_hold_to_the_checked_bytes(
+    tmp_path: Path,
+) -> None:
+    from snapshotter.errors import SnapshotUntrusted
+    from snapshotter.storage import signing
+
+    class Recording(LocalDirStore):
+        puts: list[str] = []
+
+        def put_bytes(self, key: str, data: bytes) -> None:
+            self.puts.append(key)
+            super().put_bytes(key, data)
+
+    store = Recording(tmp_path / "store")
+    signer, ring = signing.load(tmp_path / "keys")
+    a = _image(tmp_path / "a", own_pages=3, weights=_weights(2, 17), seed=1)
+    with SnapshotWriter(store, "sig-0001", chunk_size=4 * MiB) as w:
+        w.add_directory("rank-0", a)
+        w.commit({"job": "sig"}, signer=signer)
+    assert store.puts[-2:] == [fmt.signature_key("sig-0001"), fmt.manifest_key("sig-0001")]
+    r = SnapshotReader(store, "sig-0001")
+    body = r.manifest_body()
+    assert ring.verify("sig-0001", body, r.signature()) == signer.key_id
+    good = signing.manifest_digest(body)
+    assert SnapshotReader(store, "sig-0001", digest=good).manifest().streams
+    # The manifest replaced after the coordinator checked it: the agent's reader refuses.
+    store.put_bytes(fmt.manifest_key("sig-0001"), body.replace(b'"sig"', b'"SIG"'))
+    with pytest.raises(SnapshotUntrusted, match="changed after"):
+        SnapshotReader(store, "sig-0001", digest=good).manifest()
+    # Deleting the snapshot removes its signature too.
+    delete_snapshot(store, "sig-0001")
+    assert not any(store.list_keys(fmt.snapshot_prefix("sig-0001")))
