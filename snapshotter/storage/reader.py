@@ -99,6 +99,7 @@ class SnapshotReader:
         self.workers = workers
         self._manifest: fmt.Manifest | None = None
         self._digest = digest
+        self._body: bytes | None = None
         if uncommitted is not None:
             try:
                 streams = {n: fmt.stream_from_dict(n, s) for n, s in uncommitted.items()}
@@ -120,11 +121,14 @@ class SnapshotReader:
         self._codec = Codec()
 
     def manifest_body(self) -> bytes:
-        """The manifest's stored bytes, as signed."""
-        try:
-            return self.store.get_bytes(fmt.manifest_key(self.snapshot_id))
-        except ObjectMissing as e:
-            raise SnapshotNotFound(self.snapshot_id, self.store.describe()) from e
+        """The manifest's stored bytes, as signed; read once, and `manifest` is parsed from
+        these very bytes (a thaw checks their signature, then reads the manifest)."""
+        if self._body is None:
+            try:
+                self._body = self.store.get_bytes(fmt.manifest_key(self.snapshot_id))
+            except ObjectMissing as e:
+                raise SnapshotNotFound(self.snapshot_id, self.store.describe()) from e
+        return self._body
 
     def signature(self) -> bytes | None:
         """The manifest's signature object (signing.py), None when unsigned."""
