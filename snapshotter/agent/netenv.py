@@ -10,6 +10,7 @@ at every resume (launch/env.py: the node's values win).
 from __future__ import annotations
 
 import fcntl
+import ipaddress
 import socket
 import struct
 from collections.abc import Mapping
@@ -27,7 +28,10 @@ def node_network_env(ifname: str | None, overrides: Mapping[str, str]) -> dict[s
 
 def interface_of(ip: str) -> str | None:
     """The name of this network namespace's interface holding IPv4 address `ip`, if any."""
-    if ip in ("0.0.0.0", ""):
+    try:
+        if not ip or ipaddress.ip_address(ip).is_unspecified:  # the wildcard has no interface
+            return None
+    except ValueError:
         return None
     with socket.socket(socket.AF_INET, socket.SOCK_DGRAM) as s:
         for _, name in socket.if_nameindex():
