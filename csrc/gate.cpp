@@ -26,6 +26,10 @@ using c10::intrusive_ptr;
 PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   using namespace snapshotter;
   py::register_exception<GateError>(m, "GateError");
+  // Before the interpreter finalizes, threads that let the GIL go must not take it back (see
+  // restoreGil); atexit runs while they still could.
+  py::module_::import("atexit").attr("register")(
+      py::cpp_function([] { exiting().store(true); }));
   m.def("channel", &channel);
   // Whether a work an op returned still holds the real work (False once a teardown released it).
   m.def("holds_work", [](const intrusive_ptr<c10d::Work>& w) {
@@ -35,7 +39,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   });
   // Every method but `track` lets the GIL go before it takes the gate's lock: a thread holding
   // that lock may need the GIL (to report parked, or to poll a Python-made op).
-  using nogil = py::call_guard<py::gil_scoped_release>;
+  using nogil = py::call_guard<ReleaseGil>;
   py::class_<Gate, std::shared_ptr<Gate>>(m, "Gate")
       .def(py::init<py::object>())
       .def("add_group", &Gate::addGroup, nogil())
@@ -67,7 +71,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       }))
       .def("set_inner", &CountingBackend::setInner)
       .def("get_inner", &CountingBackend::getInner)
-      .def("clear_inner", &CountingBackend::clearInner, py::call_guard<py::gil_scoped_release>())
+      .def("clear_inner", &CountingBackend::clearInner, py::call_guard<ReleaseGil>())
       .def("destroyed", &CountingBackend::destroyed)
       .def_property_readonly("key", &CountingBackend::key);
 }

@@ -5,6 +5,7 @@
 #include <torch/csrc/distributed/c10d/Work.hpp>
 #include <torch/csrc/utils/pybind.h>
 
+#include <atomic>
 #include <chrono>
 #include <condition_variable>
 #include <deque>
@@ -34,6 +35,45 @@ inline std::string channel(const std::string& group, int src, int dst) {
   return group + kChannelMark + std::to_string(src) + ">" + std::to_string(dst);
 }
 
+// Set by the module's atexit callback: the interpreter is about to finalize.
+inline std::atomic<bool>& exiting() {
+  static std::atomic<bool> flag{false};
+  return flag;
+}
+
+inline bool finalizing() {
+#if PY_VERSION_HEX >= 0x030D0000
+  return exiting().load() || Py_IsFinalizing();
+#else
+  return exiting().load() || _Py_IsFinalizing();
+#endif
+}
+
+// Takes the GIL back for a thread that let it go. A daemon thread (the hook's control reader,
+// a timer) that comes back once the interpreter exits is ended by CPython with pthread_exit,
+// whose forced unwind through a noexcept destructor calls std::terminate: the rank aborts
+// after its last step and its job fails. Such a thread parks instead, the exiting process
+// takes it along; one already waiting for the GIL when the exit began unwinds, which is why
+// the guards below declare their destructors noexcept(false) (pybind11 lets it through).
+inline void restoreGil(PyThreadState* state) {
+  while (finalizing()) {
+    std::this_thread::sleep_for(std::chrono::hours(1));
+  }
+  PyEval_RestoreThread(state);
+}
+
+// py::gil_scoped_release for the module's bindings, with restoreGil's way back.
+class ReleaseGil {
+ public:
+  ReleaseGil() : state_(PyEval_SaveThread()) {}
+  ~ReleaseGil() noexcept(false) { restoreGil(state_); }
+  ReleaseGil(const ReleaseGil&) = delete;
+  ReleaseGil& operator=(const ReleaseGil&) = delete;
+
+ private:
+  PyThreadState* state_;
+};
+
 // Lets the GIL go while this thread blocks, when it holds it (a Python caller of `enter`, or a
 // torch binding that kept it); otherwise nothing. Never held across a call into Python.
 class MaybeReleaseGil {
@@ -43,9 +83,9 @@ class MaybeReleaseGil {
       state_ = PyEval_SaveThread();
     }
   }
-  ~MaybeReleaseGil() {
+  ~MaybeReleaseGil() noexcept(false) {
     if (state_ != nullptr) {
-      PyEval_RestoreThread(state_);
+      restoreGil(state_);
     }
   }
   MaybeReleaseGil(const MaybeReleaseGil&) = delete;

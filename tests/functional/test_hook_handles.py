@@ -82,3 +82,39 @@ def test_teardown_releases_works_a_caller_keeps_and_keeps_their_outcome(path: st
         rs.get_future()
     with pytest.raises(RuntimeError, match="has no communicator"):
         pg.allreduce([t])
+
+
+_EXIT_SCRIPT = """
+import sys, threading, time
+import torch  # noqa: F401 - native.load() looks for the torch this process imported
+from snapshotter.hook import native
+barrier = native.NativeBarrier(native.load(), lambda *a: None)
+def poll():  # what the control thread does for each progress query of the agent
+    while True:
+        barrier.counts()
+        barrier.oldest_in_flight_s()
+for _ in range(2):
+    threading.Thread(target=poll, daemon=True).start()
+time.sleep(0.05)
+print("exiting", flush=True)
+"""
+
+
+def test_a_rank_exits_cleanly_while_a_daemon_thread_is_in_the_gate(tmp_path: Any) -> None:
+    """The interpreter's exit must not abort the rank while its control thread is inside the
+    native gate: CPython ends such a thread with pthread_exit, and without the gate's guards
+    that unwind hit a noexcept destructor ('terminate called without an active exception',
+    exit 134): a job that finished every step was reported FAILED. Before the fix every run
+    of this script aborted."""
+    import subprocess
+    import sys
+
+    if native.load() is None:
+        pytest.fail("the native hook is not built: python -m snapshotter.hook.native --build")
+    script = tmp_path / "exit_in_gate.py"
+    script.write_text(_EXIT_SCRIPT)
+    for _ in range(5):
+        r = subprocess.run([sys.executable, str(script)], capture_output=True, text=True,
+                           timeout=60)  # fmt: skip
+        assert (r.returncode, r.stdout) == (0, "exiting\n"), r.stderr[-2000:]
+        assert "terminate called" not in r.stderr
