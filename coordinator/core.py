@@ -45,6 +45,8 @@ from snapshotter.rpc.client import Target
 from snapshotter.rpc.server import caller, caller_active
 from snapshotter.storage import signing
 from snapshotter.storage.api import ObjectStore
+from snapshotter.storage.datakeys import DEFAULT_TENANT, DataKeys
+from snapshotter.storage.sealing import Seal
 from snapshotter.storage.transfer import SnapshotReader
 from snapshotter.v1 import agent_pb2, common_pb2, coordinator_pb2
 
@@ -107,11 +109,15 @@ class Coordinator:
         agent_ttl: float = 15.0,
         keep_finished_jobs: int = 100,
         keys_dir: Path | None = None,
+        encrypt: bool = True,
     ) -> None:
-        """`keys_dir`: where its snapshot signing key and trusted keys live (signing.py);
-        None: a fresh key in memory (tests), trusting only itself."""
+        """`keys_dir`: where its snapshot signing key, trusted keys and tenants' data keys
+        live (signing.py, datakeys.py); None: fresh keys in memory (tests), trusting only
+        itself. `encrypt`: seal every snapshot's chunks under its tenant's data key."""
         self.store = store
         self.signer, self.keyring = signing.load(keys_dir)
+        self.data_keys = DataKeys(keys_dir)
+        self.encrypt = encrypt
         self.store_url = store_url
         self.agent_target = agent_target
         self.token = token
@@ -346,6 +352,7 @@ class Coordinator:
             env=dict(req.env),
             nnodes=req.nnodes or 1,
             nproc_per_node=req.nproc_per_node or 1,
+            tenant=req.tenant or DEFAULT_TENANT,
             policy=req.policy,
             recovery=req.recovery,
         )
@@ -660,6 +667,7 @@ class Coordinator:
 
             op = FreezeOperation(rec.spec, self._handles(rec), self.store, req.stop, settings,
                                  on_committed=committed, signer=self.signer,
+                                 seal=self.seal_for(rec.spec),
                                  current=lambda n: self.live_agents().get(n))  # fmt: skip
             op.plane = rec.plane
             with self.writing_snapshot(op.snapshot_id):
@@ -670,6 +678,10 @@ class Coordinator:
                         # It held collectives on purpose: no rank was hung meanwhile.
                         rec.life.progress = detect.reset(rec.life.progress, time.monotonic())
                     yield ev
+
+    def seal_for(self, spec: JobSpec) -> Seal | None:
+        """The data key a new snapshot of this job is sealed with (None: encryption off)."""
+        return self.data_keys.current(spec.tenant) if self.encrypt else None
 
     @contextlib.contextmanager
     def writing_snapshot(self, snapshot_id: str | None) -> Iterator[None]:
@@ -718,7 +730,11 @@ class Coordinator:
                                      allow_unsigned=req.allow_unsigned)  # fmt: skip
         if not signer:
             log.warning("thawing unsigned snapshot %s (--allow-unsigned)", snap)
-        meta = dict(reader.manifest().meta)
+        manifest = reader.manifest()
+        meta = dict(manifest.meta)
+        sealed = manifest.sealed
+        # Before any node is asked: a snapshot whose key is not held here fails now.
+        seal = None if sealed is None else self.data_keys.get(sealed.tenant, sealed.key_id)
         spec0 = JobSpec.from_dict(meta["job"])
         with self._lock:
             known = list(self._jobs)
@@ -757,7 +773,7 @@ class Coordinator:
         fork_of_live = spec0.job_id in active and job_id != spec0.job_id
         try:
             yield from ThawOperation(snap, meta, spec, agents, fork_of_live_job=fork_of_live,
-                                     plane=plane,
+                                     plane=plane, seal=seal,
                                      digest=signing.manifest_digest(body)).run()  # fmt: skip
             rec.life.progress = detect.reset(rec.life.progress, time.monotonic())
         except BaseException:

@@ -29,7 +29,9 @@ from snapshotter.coordinator.agents import AgentHandle, merge_streams, on_all
 from snapshotter.coordinator.decisions import pick_targets, snapshot_id
 from snapshotter.launch.spec import JobSpec
 from snapshotter.rpc import convert
+from snapshotter.storage import format as fmt
 from snapshotter.storage.api import ObjectStore
+from snapshotter.storage.sealing import Seal
 from snapshotter.storage.signing import Signer
 from snapshotter.storage.transfer import commit_snapshot
 from snapshotter.v1 import agent_pb2, common_pb2, coordinator_pb2
@@ -93,10 +95,12 @@ class FreezeOperation:
         on_committed: Callable[[str], None],
         current: Callable[[str], AgentHandle | None] | None = None,
         signer: Signer | None = None,
+        seal: Seal | None = None,
     ) -> None:
         """`current(name)`: the coordinator's handle on a node's agent now (a restarted agent
         registers anew), to tell a lost node from one whose agent restarted. `signer`: signs
-        the snapshot's manifest (the coordinator's key)."""
+        the snapshot's manifest (the coordinator's key). `seal`: the job's tenant data key
+        its chunks are sealed with (None: stored in plaintext)."""
         self.spec = spec
         self.agents = list(agents)
         self.store = store
@@ -106,6 +110,7 @@ class FreezeOperation:
         self.snapshot_id = snapshot_id(spec.job_id, datetime.now(UTC), secrets.token_hex(2))
         self._on_committed = on_committed
         self._signer = signer
+        self.seal = seal
         self._current = current
         self._incarnations = {a.name: a.incarnation for a in self.agents}
         self._prepared: list[AgentHandle] = []
@@ -120,6 +125,14 @@ class FreezeOperation:
         # restarted agent re-adopts its ranks on plane 0, so the coordinator always says).
         self.plane: int | None = None
 
+
+    def upload_request(self) -> agent_pb2.UploadRequest:
+        up = agent_pb2.UploadRequest(
+            job_id=self.spec.job_id, freeze_id=self.freeze_id, snapshot_id=self.snapshot_id
+        )
+        if self.seal is not None:
+            up.seal.CopyFrom(convert.data_key(self.seal))
+        return up
     def _ref(self) -> agent_pb2.FreezeRef:
         return agent_pb2.FreezeRef(job_id=self.spec.job_id, freeze_id=self.freeze_id)
 
@@ -245,9 +258,7 @@ class FreezeOperation:
         put_keys: set[str] = set()
         failures: dict[str, BaseException] = {}
         self._uploaded = True  # from here on, chunks may exist that a failure must remove
-        up = agent_pb2.UploadRequest(
-            job_id=self.spec.job_id, freeze_id=self.freeze_id, snapshot_id=self.snapshot_id
-        )
+        up = self.upload_request()
         for name, ev in merge_streams(self.agents, lambda a: a.stub.Upload(up)):
             if isinstance(ev, BaseException):
                 failures[name] = ev
@@ -285,6 +296,7 @@ class FreezeOperation:
         commit_snapshot(
             self.store, self.snapshot_id, {n: convert.plain(st) for n, st in streams.items()}, meta,
             put_now=put_keys, signer=self._signer,
+            sealed=None if self.seal is None else fmt.Sealing(self.seal.tenant, self.seal.key_id),
         )
         self._on_committed(self.snapshot_id)
 

@@ -35,6 +35,7 @@ from snapshotter.coordinator.agents import AgentHandle, on_all, open_rdzv_req
 from snapshotter.coordinator.decisions import JobPhase
 from snapshotter.coordinator.freeze import FreezeOperation, FreezeSettings
 from snapshotter.launch.spec import JobSpec
+from snapshotter.rpc import convert
 from snapshotter.storage.api import ObjectStore
 from snapshotter.v1 import agent_pb2, common_pb2, coordinator_pb2
 
@@ -241,9 +242,7 @@ class MigrateOperation(FreezeOperation):
         coordinator dies), the target fetches them from the chunk list the source reported,
         each chunk checked against its sha256, and the chunks are deleted once restored."""
         src, dst = self.source, self.target
-        up = agent_pb2.UploadRequest(
-            job_id=self.spec.job_id, freeze_id=self.freeze_id, snapshot_id=self.snapshot_id
-        )
+        up = self.upload_request()
         streams: dict[str, common_pb2.StreamInfo] = {}
         self._uploaded = True  # from here on, a failure deletes the chunks
         try:
@@ -259,6 +258,8 @@ class MigrateOperation(FreezeOperation):
         fetch = agent_pb2.FetchRequest(
             snapshot_id=self.snapshot_id, streams=[r.stream for r in ranks], uncommitted=streams
         )
+        if self.seal is not None:
+            fetch.seal.CopyFrom(convert.data_key(self.seal))
         yield from self._taken(
             lambda: dst.stub.Fetch(fetch, timeout=self.settings.resume_timeout + 600),
             f"node {dst.name} could not fetch the images of node {src.name} from the store",
@@ -360,6 +361,7 @@ def migrate(c: Coordinator, req: pb.MigrateRequest) -> Iterator[pb.MigrateEvent]
                               current=lambda n: c.live_agents().get(n), ranks=ranks,
                               source_agent=src, via_store=req.via_store)  # fmt: skip
         op.plane = rec.plane
+        op.seal = c.seal_for(rec.spec)
         with c.writing_snapshot(op.snapshot_id if req.via_store else None):
             yield from _events(op, rec, src_name, req.to)
 

@@ -20,6 +20,7 @@ from snapshotter import errors
 from snapshotter.coordinator.agents import AgentHandle, merge_streams, on_all, open_rdzv_req
 from snapshotter.launch.spec import JobSpec
 from snapshotter.rpc import convert
+from snapshotter.storage.sealing import Seal
 from snapshotter.v1 import agent_pb2, common_pb2, coordinator_pb2
 
 pb = coordinator_pb2
@@ -54,9 +55,10 @@ class ThawOperation:
         fork_of_live_job: bool = False,
         plane: int = 0,
         digest: str = "",
+        seal: Seal | None = None,
     ) -> None:
         """`digest`: the sha256 of the manifest whose signature was checked; every agent
-        refuses a manifest with other bytes."""
+        refuses a manifest with other bytes. `seal`: the data key a sealed snapshot needs."""
         if len(agents) != spec.nnodes:
             raise errors.InvalidArgument(
                 f"snapshot {snapshot_id} has {spec.nnodes} node(s) of ranks but "
@@ -64,6 +66,7 @@ class ThawOperation:
                 f"pass exactly {spec.nnodes} node(s) with --nodes",
             )
         self.snapshot_id = snapshot_id
+        self.seal = seal
         self.thaw_id = f"thw-{secrets.token_hex(6)}"
         self.meta = meta
         self.spec = spec
@@ -107,9 +110,11 @@ class ThawOperation:
 
         def fetch(a: AgentHandle) -> Iterator[agent_pb2.FetchEvent]:
             streams = [r.stream for r in self._ranks[node_of[a.name]]]
-            return a.stub.Fetch(agent_pb2.FetchRequest(snapshot_id=self.snapshot_id,
-                                                       streams=streams,
-                                                       manifest_sha256=self.digest))  # fmt: skip
+            req = agent_pb2.FetchRequest(snapshot_id=self.snapshot_id, streams=streams,
+                                         manifest_sha256=self.digest)  # fmt: skip
+            if self.seal is not None:
+                req.seal.CopyFrom(convert.data_key(self.seal))
+            return a.stub.Fetch(req)
 
         for name, ev in merge_streams(self.agents, fetch):
             if isinstance(ev, BaseException):

@@ -130,6 +130,13 @@ def _whole_number(name: str, default: str, next_step: str, top: int | None = Non
     return n
 
 
+def encrypt_at_rest() -> bool:
+    """SNAPSHOTTER_ENCRYPT: 1 (default) seals every snapshot's chunks under its tenant's data
+    key (storage/sealing.py); 0 stores them in plaintext (a fleet with agents that cannot read
+    format 3)."""
+    return bool(_whole_number("SNAPSHOTTER_ENCRYPT", "1", "set 1 (default) or 0", top=1))
+
+
 def keep_jobs() -> int:
     """SNAPSHOTTER_KEEP_JOBS, the finished jobs a service remembers (default 100).
 

@@ -33,7 +33,14 @@ from snapshotter.agent.links import LinkWatcher, check_links
 from snapshotter.agent.netenv import interface_of, node_network_env
 from snapshotter.agent.node import NodeAgent, NodeSettings
 from snapshotter.agent.retention import Retention
-from snapshotter.config import Paths, chunk_cache_bytes, default_home, keep_jobs, store_url
+from snapshotter.config import (
+    Paths,
+    chunk_cache_bytes,
+    default_home,
+    encrypt_at_rest,
+    keep_jobs,
+    store_url,
+)
 from snapshotter.coordinator import service as coordinator_service
 from snapshotter.coordinator.core import Coordinator
 from snapshotter.coordinator.drain import drain_node
@@ -154,7 +161,7 @@ def serve_embedded(paths: Paths, bind_host: str = "127.0.0.1") -> int:
     )
     coord = Coordinator(
         store, url, lambda address, name: Target(address, server_name=name),
-        keep_finished_jobs=keep_jobs(), keys_dir=paths.keys_dir,
+        keep_finished_jobs=keep_jobs(), keys_dir=paths.keys_dir, encrypt=encrypt_at_rest(),
     )  # fmt: skip
     supervisor = Supervisor(coord, tick_s=supervise_tick())
     supervisor.start()
@@ -220,7 +227,8 @@ class CoordinatorConfig:
     agent_tls: Any = None
     agent_token: str | None = None
     agent_ttl: float = 15.0
-    keys_dir: Path | None = None  # its snapshot signing key (None: one in memory only)
+    keys_dir: Path | None = None  # its signing and data keys (None: in memory only)
+    encrypt: bool = True  # seal snapshots' chunks under their tenants' data keys
 
 
 def serve_coordinator(cfg: CoordinatorConfig) -> int:
@@ -233,7 +241,8 @@ def serve_coordinator(cfg: CoordinatorConfig) -> int:
                       fence=token)  # fmt: skip
 
     coord = Coordinator(store, cfg.store_url, agent_target, token, agent_ttl=cfg.agent_ttl,
-                        keep_finished_jobs=keep_jobs(), keys_dir=cfg.keys_dir)  # fmt: skip
+                        keep_finished_jobs=keep_jobs(), keys_dir=cfg.keys_dir,
+                        encrypt=cfg.encrypt)  # fmt: skip
     supervisor = Supervisor(coord, tick_s=supervise_tick())
     supervisor.start()
     stop = _stop_event()

@@ -137,6 +137,12 @@ class SnapshotUntrusted(ThawFailed):
     code = "snapshot_untrusted"
 
 
+class KeyUnavailable(ThawFailed):
+    """A sealed snapshot whose tenant data key this coordinator's key provider cannot give."""
+
+    code = "key_unavailable"
+
+
 class StorageUnavailable(SnapshotterError):
     exit_code = 8
     code = "storage_unavailable"

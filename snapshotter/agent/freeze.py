@@ -36,6 +36,7 @@ from snapshotter.sandbox.spawn import PRIVATE_TMP
 from snapshotter.storage import format as fmt
 from snapshotter.storage.api import ObjectStore
 from snapshotter.storage.format import StreamInfo
+from snapshotter.storage.sealing import Seal
 from snapshotter.storage.transfer import Progress, SnapshotWriter
 from snapshotter.v1 import agent_pb2, common_pb2
 
@@ -334,13 +335,16 @@ class Freezes:
             yield from handoff.pieces(fr.work / stream)
 
     def upload(
-        self, job_id: str, freeze_id: str, snapshot_id: str
+        self, job_id: str, freeze_id: str, snapshot_id: str, seal: Seal | None = None
     ) -> Iterator[agent_pb2.UploadEvent]:
+        """`seal`: the tenant data key every chunk is sealed with (encryption at rest)."""
         with self._driving(freeze_id, {P.DUMPED, P.RESUMED}) as fr:
-            yield from self._upload(fr, snapshot_id)
+            yield from self._upload(fr, snapshot_id, seal)
             fr.phase = P.UPLOADED if fr.phase is P.RESUMED else P.HELD
 
-    def _upload(self, fr: Freeze, snapshot_id: str) -> Iterator[agent_pb2.UploadEvent]:
+    def _upload(
+        self, fr: Freeze, snapshot_id: str, seal: Seal | None
+    ) -> Iterator[agent_pb2.UploadEvent]:
         events: list[agent_pb2.UploadEvent] = []
         cv = threading.Condition()
         result: dict[str, object] = {}
@@ -366,7 +370,8 @@ class Freezes:
                 if background:
                     lower_this_thread(self.upload_nice)
                 seed = self._seed(fr.job_id)
-                writer = SnapshotWriter(self.store, snapshot_id, progress=progress, seed=seed)
+                writer = SnapshotWriter(self.store, snapshot_id, progress=progress, seed=seed,
+                                        seal=seal)  # fmt: skip
                 fr.writer = writer
                 t0 = time.time()
                 done = agent_pb2.Uploaded()

@@ -28,6 +28,7 @@ from pathlib import Path
 from snapshotter import parallel
 from snapshotter.storage import dirstream
 from snapshotter.storage import format as fmt
+from snapshotter.storage.sealing import Seal
 
 log = logging.getLogger(__name__)
 # A restore may rewrite small image files (files.img, when a file changed size since the
@@ -121,18 +122,21 @@ class LocalCopies:
         return (job_dir / snapshot_id).is_dir()
 
     def take(self, manifest: fmt.Manifest, streams: Sequence[str], dest: Path,
-             workers: int) -> bool:  # fmt: skip
+             workers: int, seal: Seal | None = None) -> bool:  # fmt: skip
         """Fill `dest/<stream>` for every stream from a local copy that matches `manifest`.
-        False (and `dest` untouched) when there is none or it does not match."""
-        if not self.enabled:
+        False (and `dest` untouched) when there is none or it does not match. `seal`: the
+        data key of a sealed manifest, whose chunk digests are keyed."""
+        if not self.enabled or (manifest.sealed is not None and seal is None):
             return False
+        keyed = seal.fast if manifest.sealed is not None and seal is not None else None
         found = self._find(manifest.snapshot_id)
         if found is None or any(s not in manifest.streams for s in streams):
             return False
         if not all((found / s).is_dir() for s in streams):
             return False  # this node now holds other ranks than it dumped: theirs are fetched
         out = parallel.each(
-            streams, lambda s: dirstream.matches(manifest.streams[s], found / s), key=lambda s: s,
+            streams, lambda s: dirstream.matches(manifest.streams[s], found / s, keyed),
+            key=lambda s: s,
             workers=workers, name="copy-check",
         )  # fmt: skip
         why = {s: str(e) for s, e in out.failures.items()}

@@ -92,7 +92,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         return common_pb2.Empty()
 
     def Upload(self, req: agent_pb2.UploadRequest, ctx: Any) -> Iterator[agent_pb2.UploadEvent]:
-        return self.agent.freezes.upload(req.job_id, req.freeze_id, req.snapshot_id)
+        seal = convert.seal_of(req.seal) if req.HasField("seal") else None
+        return self.agent.freezes.upload(req.job_id, req.freeze_id, req.snapshot_id, seal)
 
     def DiscardUpload(self, req: agent_pb2.FreezeRef, ctx: Any) -> common_pb2.Empty:
         self.agent.freezes.discard_upload(req.freeze_id)
@@ -100,14 +101,18 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
     def FinishFreeze(self, req: agent_pb2.FinishFreezeRequest, ctx: Any) -> agent_pb2.NodeJob:
         return self.agent.freezes.finish(
-            req.job_id, req.freeze_id, req.stop, committed=req.committed,
+            req.job_id,
+            req.freeze_id,
+            req.stop,
+            committed=req.committed,
             stop_ranks=frozenset(req.stop_ranks),
         ).to_proto()
 
     def Fetch(self, req: agent_pb2.FetchRequest, ctx: Any) -> Iterator[agent_pb2.FetchEvent]:
         uncommitted = {n: convert.plain(s) for n, s in req.uncommitted.items()}
+        seal = convert.seal_of(req.seal) if req.HasField("seal") else None
         return self.agent.thaws.fetch(req.snapshot_id, list(req.streams), uncommitted or None,
-                                      digest=req.manifest_sha256)  # fmt: skip
+                                      digest=req.manifest_sha256, seal=seal)  # fmt: skip
 
     def DiscardFetch(self, req: agent_pb2.FetchRef, ctx: Any) -> common_pb2.Empty:
         self.agent.thaws.discard(req.op)
@@ -128,9 +133,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         self.agent.freezes.offer(req.job_id, req.freeze_id, req.ticket)
         return common_pb2.Empty()
 
-    def ReadImages(
-        self, req: agent_pb2.ImagesRequest, ctx: Any
-    ) -> Iterator[agent_pb2.ImagePiece]:
+    def ReadImages(self, req: agent_pb2.ImagesRequest, ctx: Any) -> Iterator[agent_pb2.ImagePiece]:
         return self.agent.freezes.images(req.job_id, req.freeze_id, req.ticket, req.stream)
 
     def Receive(self, req: agent_pb2.ReceiveRequest, ctx: Any) -> Iterator[agent_pb2.FetchEvent]:
@@ -171,3 +174,4 @@ def register(agent: NodeAgent) -> Any:
     """What rpc.server.serve calls to add this service to a server."""
     service = AgentService(agent)
     return lambda server: agent_pb2_grpc.add_AgentServicer_to_server(service, server)
+

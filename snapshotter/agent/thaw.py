@@ -35,6 +35,7 @@ from snapshotter.rpc.tls import TlsFiles
 from snapshotter.sandbox import criu, files
 from snapshotter.sandbox.spawn import PRIVATE_TMP
 from snapshotter.storage.api import ObjectStore
+from snapshotter.storage.sealing import Seal
 from snapshotter.storage.transfer import SnapshotReader
 from snapshotter.v1 import agent_pb2, common_pb2
 
@@ -74,16 +75,18 @@ class Thaws:
 
     def fetch(
         self, snapshot_id: str, streams: list[str],
-        uncommitted: dict[str, Any] | None = None, digest: str = "",
+        uncommitted: dict[str, Any] | None = None, digest: str = "", seal: Seal | None = None,
     ) -> Iterator[agent_pb2.FetchEvent]:  # fmt: skip
         """Download and verify every chunk of `streams`, then unpack them, or take them from
         this node's local copy once it matched the committed manifest. Phase one of a thaw:
         no process starts before every node fetched. `uncommitted`: the streams' chunk lists
         of a migration through the store, which commits no manifest. `digest`: the sha256 of
-        the manifest whose signature the coordinator checked; another manifest is refused."""
+        the manifest whose signature the coordinator checked; another manifest is refused.
+        `seal`: the data key of a sealed snapshot."""
         op = f"thaw-{uuid.uuid4().hex[:12]}"
         work = self.paths.work_dir(op)
-        reader = SnapshotReader(self.store, snapshot_id, uncommitted=uncommitted, digest=digest)
+        reader = SnapshotReader(self.store, snapshot_id, uncommitted=uncommitted, digest=digest,
+                                seal=seal)  # fmt: skip
         t0 = time.monotonic()
         local = False
         try:
@@ -91,7 +94,7 @@ class Thaws:
             manifest = reader.manifest()  # the store decides what the snapshot is
             if self.copies is not None and uncommitted is None:
                 work.mkdir(parents=True, exist_ok=True)
-                local = self.copies.take(manifest, streams, work, self.parallelism)
+                local = self.copies.take(manifest, streams, work, self.parallelism, seal)
             if not local:
                 # Streamed from the store into each rank's directory, every chunk checked
                 # before it is unpacked; nothing is staged.
@@ -108,8 +111,14 @@ class Thaws:
         )
 
     def receive(
-        self, source: str, source_name: str, job_id: str, freeze_id: str, ticket: str,
-        streams: list[str], size: int = 0,
+        self,
+        source: str,
+        source_name: str,
+        job_id: str,
+        freeze_id: str,
+        ticket: str,
+        streams: list[str],
+        size: int = 0,
     ) -> Iterator[agent_pb2.FetchEvent]:
         """Take a migrating node's dumped rank images (`size` bytes) straight from its agent,
         every rank's in parallel, each verified whole before it counts (agent/handoff.py): a

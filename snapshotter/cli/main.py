@@ -110,6 +110,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         nproc_per_node=_nproc(a.nproc_per_node),
         nodes=a.nodes.split(",") if a.nodes else [],
         recovery=supervise.recovery_from_flags(a),
+        tenant=a.tenant or "",
     )
     req.policy.CopyFrom(supervise.policy_from_flags(a)[0])
     c = _client()
@@ -414,6 +415,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("-m", "--module", action="store_true")
     r.add_argument("--no-python", "--no_python", action="store_true")
     r.add_argument("--job-id", default=None)
+    r.add_argument("--tenant", default=None,
+                   help="whose job it is (default: default): its snapshots are sealed under "
+                   "this tenant's data keys")  # fmt: skip
     r.add_argument("--detach", "-d", action="store_true")
     r.add_argument(
         "--preempt-grace",

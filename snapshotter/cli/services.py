@@ -23,7 +23,7 @@ from typing import Any
 
 from snapshotter import errors
 from snapshotter.agent.allow import ExecPolicy
-from snapshotter.config import Paths, default_home, store_url
+from snapshotter.config import Paths, default_home, encrypt_at_rest, store_url
 from snapshotter.rpc.auth import Role, TokenStore
 from snapshotter.rpc.client import Target
 from snapshotter.rpc.server import Listen
@@ -86,6 +86,7 @@ def cmd_coordinator(a: argparse.Namespace) -> int:
         agent_token=_token(a.agent_token_file),
         agent_ttl=a.agent_ttl,
         keys_dir=Paths(default_home()).keys_dir,
+        encrypt=encrypt_at_rest() and not a.no_encrypt,
     )
     return daemon.serve_coordinator(cfg)
 
@@ -205,6 +206,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     co.add_argument("--listen", default="127.0.0.1:7070",
                     help="host:port (beyond loopback only with TLS)")  # fmt: skip
     co.add_argument("--store", default=None, help="snapshot store URL ($SNAPSHOTTER_STORE)")
+    co.add_argument("--no-encrypt", action="store_true",
+                    help="store new snapshots' chunks in plaintext (default: sealed under each "
+                    "tenant's data key; also SNAPSHOTTER_ENCRYPT=0)")  # fmt: skip
     co.add_argument("--agent-ttl", type=float, default=15.0,
                     help="seconds without a heartbeat before a node is not placed on")
     co.add_argument("--agent-token-file", default=None,

@@ -18,6 +18,7 @@ from typing import Any
 
 from snapshotter import errors
 from snapshotter.rpc import convert
+from snapshotter.storage.format import DEFAULT_TENANT, validate_name
 from snapshotter.v1 import common_pb2
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
@@ -52,6 +53,8 @@ class JobSpec:
     env: dict[str, str] = field(repr=False)
     nnodes: int = 1
     nproc_per_node: int = 1
+    # Whose job it is: its snapshots are sealed under this tenant's data keys (datakeys.py).
+    tenant: str = DEFAULT_TENANT
     # What the coordinator does with the job by itself (kept in its snapshots, so a thawed
     # or recovered job keeps them). Empty messages: no policy snapshots, no recovery.
     policy: common_pb2.Policy = field(default_factory=common_pb2.Policy, compare=False)
@@ -81,6 +84,7 @@ class JobSpec:
             env=dict(d["env"]),
             nnodes=int(d.get("nnodes", 1)),
             nproc_per_node=int(d.get("nproc_per_node", 1)),
+            tenant=str(d.get("tenant") or DEFAULT_TENANT),
             # A snapshot of an older release has neither.
             policy=convert.parse(d.get("policy") or {}, common_pb2.Policy),
             recovery=convert.parse(d.get("recovery") or {}, common_pb2.Recovery),
@@ -113,6 +117,7 @@ class JobSpec:
             env=self.env,
             nnodes=self.nnodes,
             nproc_per_node=self.nproc_per_node,
+            tenant=self.tenant,
             policy=self.policy,
             recovery=self.recovery,
         )
@@ -130,6 +135,7 @@ class JobSpec:
             env=dict(m.env),
             nnodes=m.nnodes or 1,
             nproc_per_node=m.nproc_per_node or 1,
+            tenant=m.tenant or DEFAULT_TENANT,
             policy=m.policy,
             recovery=m.recovery,
         )
@@ -145,6 +151,10 @@ class JobSpec:
             )
         if not self.script:
             raise errors.InvalidArgument("no script or module to run", "name one")
+        try:
+            validate_name(self.tenant, "tenant")
+        except ValueError as e:
+            raise errors.InvalidArgument(str(e), "fix --tenant") from e
         for what, path in (("interpreter", self.python), ("working directory", self.cwd)):
             if not path.startswith("/"):
                 raise errors.InvalidArgument(

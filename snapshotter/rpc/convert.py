@@ -15,6 +15,11 @@ from google.protobuf import json_format
 from google.protobuf.descriptor import FieldDescriptor
 from google.protobuf.message import Message
 
+from snapshotter import errors
+from snapshotter.storage import format as fmt
+from snapshotter.storage.sealing import Seal
+from snapshotter.v1 import common_pb2
+
 M = TypeVar("M", bound=Message)
 
 
@@ -61,3 +66,20 @@ def _drop_none(v: Any) -> Any:
     if isinstance(v, list | tuple):
         return [_drop_none(x) for x in v]
     return v
+
+
+def data_key(seal: Seal) -> common_pb2.DataKey:
+    """A tenant data key as the coordinator hands it to an agent (over TLS, for one op)."""
+    return common_pb2.DataKey(tenant=seal.tenant, key_id=seal.key_id, key=seal.key)
+
+
+def seal_of(m: common_pb2.DataKey) -> Seal:
+    """The data key a request carries. Raises InvalidArgument for a malformed one."""
+    try:
+        fmt.validate_name(m.tenant, "tenant")
+        return Seal(m.tenant, m.key_id, bytes(m.key))
+    except ValueError as e:
+        raise errors.InvalidArgument(
+            f"malformed data key in the request: {e}",
+            "upgrade the coordinator and agents together",
+        ) from e

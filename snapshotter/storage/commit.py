@@ -63,10 +63,12 @@ def commit_snapshot(
     meta: Mapping[str, Any],
     put_now: Collection[str] = (),
     signer: Signer | None = None,
+    sealed: fmt.Sealing | None = None,
 ) -> fmt.Manifest:
     """Write the manifest of `snapshot_id` from streams given as `StreamInfo.to_dict()`.
     `put_now`: as for `check_stored`. `signer`: signs the manifest (signing.py); its
     signature is written first, so a committed snapshot is signed from its first moment.
+    `sealed`: the data key the streams' chunks were sealed with (format version 3).
 
     Raises:
         InvalidArgument: a stream description or meta is malformed, or the id is taken.
@@ -79,7 +81,8 @@ def commit_snapshot(
             created_at=time.time(),
             meta=dict(meta),
             streams=infos,
-            version=fmt.version_for(infos),  # format-1 snapshots stay readable by old readers
+            version=fmt.version_for(infos, sealed),  # format 1 stays readable by old readers
+            sealed=sealed,
         )
         body = manifest.to_json()
     except (fmt.ManifestError, KeyError, TypeError, ValueError) as e:

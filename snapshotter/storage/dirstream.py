@@ -76,9 +76,7 @@ class _Marked(io.RawIOBase):
         return self.f.read(n)
 
 
-def tar_directory(
-    root: Path, out: Sink, on_file: Callable[[int], None] | None = None
-) -> None:
+def tar_directory(root: Path, out: Sink, on_file: Callable[[int], None] | None = None) -> None:
     """Write the tree under `root` to `out` as an uncompressed PAX tar, entries in sorted order
     with paths relative to `root` (the bytes `tar.add` makes): the same tree gives the same
     bytes. `on_file(size)` is called right before each regular file's data is written."""
@@ -112,8 +110,9 @@ class _ChunkHasher:
     """A write-only file that hashes what it is given in the stream's chunk boundaries and
     stops at the first chunk that differs."""
 
-    def __init__(self, stream: fmt.StreamInfo) -> None:
+    def __init__(self, stream: fmt.StreamInfo, keyed: Callable[[str], str] | None) -> None:
         self.stream = stream
+        self.keyed = keyed
         self.index = 0
         self.filled = 0
         self.hash = self._new_hash()
@@ -136,7 +135,10 @@ class _ChunkHasher:
 
     def _close_chunk(self) -> None:
         c = self.stream.chunks[self.index]
-        if self.hash.hexdigest() != (c.xxh3 or c.raw_sha256):
+        got = self.hash.hexdigest()
+        if c.xxh3 and self.keyed is not None:
+            got = self.keyed(got)
+        if got != (c.xxh3 or c.raw_sha256):
             self.mismatch = f"chunk {c.index} differs"
         self.index += 1
         self.filled = 0
@@ -163,12 +165,12 @@ class _ChunkHasher:
         return ""
 
 
-def matches(stream: fmt.StreamInfo, root: Path) -> str:
+def matches(stream: fmt.StreamInfo, root: Path, keyed: Callable[[str], str] | None = None) -> str:
     """Whether directory `root` is stream `stream` of a committed manifest: "" when it is,
-    else why not."""
+    else why not. `keyed`: a sealed manifest's xxh3 of plain xxh3 (sealing.Seal.fast)."""
     if not root.is_dir():
         return f"{root} is missing"
-    sink = _ChunkHasher(stream)
+    sink = _ChunkHasher(stream, keyed)
     try:
         tar_directory(root, sink)
     except OSError as e:

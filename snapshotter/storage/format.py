@@ -18,12 +18,13 @@ Objects:
     chunk     := zstd-frame(raw)            ; version 1: raw = bytes [INDEX*chunk_size,
                                             ; +chunk_size) of the stream
     manifest  := UTF-8 JSON {
-                   "format": "snapshotter-snapshot", "version": 1 | 2,
+                   "format": "snapshotter-snapshot", "version": 1 | 2 | 3,
                    "snapshot_id": ID, "created_at": unix seconds (float),
                    "meta": {...},           ; the caller's, opaque to storage
                    "streams": { STREAM: { "raw_size": int, "chunk_size": int,
                                           "chunking": "fixed" | "content",  ; absent: fixed
                                           "chunks": [ chunk_entry* ] } },
+                   "sealed": { "tenant": NAME, "key_id": 16 hex },   ; version 3 only
                    "checksum": hex sha256 of the canonical JSON of all other fields }
     chunk_entry := { "index": int, "key": chunk key, "raw_size": int, "stored_size": int,
                      "sha256": hex sha256 of the stored bytes ("" for a content key: its
@@ -36,6 +37,11 @@ cut by chunking.py, each 1..chunk_size bytes, the offset of one the sum of those
 version-1 manifest has only fixed streams of per-snapshot chunks; version 2 may mix both
 kinds of chunk (a snapshot gathered from agents on both sides of an upgrade). Readers read both
 versions; writers write 2 unless told 1 (a fleet with agents that read only 1).
+
+Version 3 is a sealed (encrypted) snapshot, sealing.py: every chunk is content-addressed, its
+object is sealed under the tenant's data key `key_id`, and where this grammar says sha256 of
+the raw bytes (SHA, "raw_sha256") and xxh3 it means the keyed digests sealing.py defines. Older
+readers refuse version 3 by its number, never by misreading it.
 
 The manifest is written last, after every chunk is known to be stored, so a reader either
 finds a complete snapshot or none. Canonical JSON is `json.dumps(sort_keys=True,
@@ -54,17 +60,21 @@ from typing import Any
 
 FORMAT_NAME = "snapshotter-snapshot"
 FORMAT_VERSION = 2
-READ_VERSIONS = (1, 2)
+READ_VERSIONS = (1, 2, 3)
+SEALED_VERSION = 3
 SNAPSHOTS_PREFIX = "snapshots/"
 CONTENT_PREFIX = "chunks/"
 FIXED, CONTENT = "fixed", "content"
 MANIFEST_NAME = "manifest.json"
 SIGNATURE_NAME = "manifest.sig"
 MAX_CHUNKS = 100_000_000
+# The tenant of a job launched without one (datakeys.py: whose data keys seal its snapshots).
+DEFAULT_TENANT = "default"
 
 _NAME_RE = re.compile(r"[A-Za-z0-9][A-Za-z0-9._-]{0,127}")
 _HEX64_RE = re.compile(r"[0-9a-f]{64}")
 _HEX32_RE = re.compile(r"[0-9a-f]{32}")
+_HEX16_RE = re.compile(r"[0-9a-f]{16}")
 
 
 class ManifestError(ValueError):
@@ -190,12 +200,24 @@ class StreamInfo:
 
 
 @dataclass(frozen=True)
+class Sealing:
+    """Whose data key sealed a version-3 snapshot (sealing.py, datakeys.py)."""
+
+    tenant: str
+    key_id: str
+
+    def to_dict(self) -> dict[str, str]:
+        return {"tenant": self.tenant, "key_id": self.key_id}
+
+
+@dataclass(frozen=True)
 class Manifest:
     snapshot_id: str
     created_at: float
     meta: Mapping[str, Any]
     streams: Mapping[str, StreamInfo] = field(default_factory=dict)
     version: int = FORMAT_VERSION
+    sealed: Sealing | None = None
 
     @property
     def raw_size(self) -> int:
@@ -213,7 +235,7 @@ class Manifest:
         return {c.key for _, c in self.chunks() if c.content_addressed}
 
     def _body(self) -> dict[str, Any]:
-        return {
+        body = {
             "format": FORMAT_NAME,
             "version": self.version,
             "snapshot_id": self.snapshot_id,
@@ -221,6 +243,9 @@ class Manifest:
             "meta": dict(self.meta),
             "streams": {name: s.to_dict() for name, s in sorted(self.streams.items())},
         }
+        if self.sealed is not None:
+            body["sealed"] = self.sealed.to_dict()
+        return body
 
     def to_json(self) -> bytes:
         """Serialize with a self-checksum. Raises ManifestError if `meta` is not JSON."""
@@ -262,6 +287,7 @@ class Manifest:
                     for name, s in _require(body["streams"], dict, "streams").items()
                 },
                 version=body["version"],
+                sealed=_sealing(body.get("sealed")),
             )
         except (KeyError, TypeError, ValueError) as e:
             raise ManifestError(f"manifest is malformed: {e!r}") from e
@@ -269,8 +295,18 @@ class Manifest:
         return manifest
 
 
-def version_for(streams: Mapping[str, StreamInfo]) -> int:
+def _sealing(d: Any) -> Sealing | None:
+    if d is None:
+        return None
+    d = _require(d, dict, "sealed")
+    return Sealing(tenant=_require(d["tenant"], str, "tenant"),
+                   key_id=_require(d["key_id"], str, "key_id"))  # fmt: skip
+
+
+def version_for(streams: Mapping[str, StreamInfo], sealed: Sealing | None = None) -> int:
     """The oldest format version that can describe these streams (old readers read it)."""
+    if sealed is not None:
+        return SEALED_VERSION
     if any(s.chunking != FIXED or any(c.content_addressed for c in s.chunks)
            for s in streams.values()):  # fmt: skip
         return 2
@@ -285,6 +321,14 @@ def validate(manifest: Manifest) -> None:
             raise ValueError(f"unknown format version {manifest.version!r}")
         if manifest.version < version_for(manifest.streams):
             raise ValueError("a version-1 manifest lists content-addressed chunks")
+        if (manifest.sealed is not None) != (manifest.version == SEALED_VERSION):
+            raise ValueError(f"version {manifest.version} with sealed={manifest.sealed}")
+        if manifest.sealed is not None:
+            validate_name(manifest.sealed.tenant, "tenant")
+            if not _HEX16_RE.fullmatch(manifest.sealed.key_id):
+                raise ValueError(f"malformed data key id {manifest.sealed.key_id!r}")
+            if any(not c.content_addressed for _, c in manifest.chunks()):
+                raise ValueError("a sealed manifest lists a chunk that is not content-addressed")
         for name, stream in manifest.streams.items():
             validate_name(name, "stream name")
             if name != stream.name:

@@ -40,6 +40,7 @@ import zstandard
 
 from snapshotter.errors import (
     InvalidArgument,
+    KeyUnavailable,
     SnapshotCorrupt,
     SnapshotNotFound,
     SnapshotUntrusted,
@@ -50,6 +51,7 @@ from snapshotter.storage import format as fmt
 from snapshotter.storage.api import ObjectMissing, ObjectStore
 from snapshotter.storage.catalog import snapshots_using
 from snapshotter.storage.codec import Codec, CodecError
+from snapshotter.storage.sealing import Seal, SealError
 from snapshotter.storage.tasks import TransferTasks
 
 DEFAULT_WORKERS = 4
@@ -85,11 +87,13 @@ class SnapshotReader:
         self, store: ObjectStore, snapshot_id: str, *, workers: int = DEFAULT_WORKERS,
         uncommitted: Mapping[str, Mapping[str, Any]] | None = None,
         digest: str = "",
+        seal: Seal | None = None,
     ) -> None:
         """`uncommitted`: read these streams (as `StreamInfo.to_dict()`) of a snapshot that
         has no manifest (a migration through the store); every chunk is checked the same.
         `digest`: the sha256 of the manifest bytes whose signature a thaw checked
-        (signing.manifest_digest); a manifest with other bytes is refused."""
+        (signing.manifest_digest); a manifest with other bytes is refused. `seal`: the data
+        key a sealed snapshot (or sealed uncommitted streams) needs (sealing.py)."""
         try:
             fmt.validate_name(snapshot_id)
         except ValueError as e:
@@ -119,6 +123,10 @@ class SnapshotReader:
         self._lock = threading.Lock()
         self._staged: dict[str, _Staged] = {}
         self._codec = Codec()
+        self._seal = seal
+        self._locked: KeyUnavailable | None = None
+        # The key chunks are opened with: set once the manifest says it is sealed.
+        self._opener: Seal | None = seal if uncommitted is not None else None
 
     def manifest_body(self) -> bytes:
         """The manifest's stored bytes, as signed; read once, and `manifest` is parsed from
@@ -161,8 +169,29 @@ class SnapshotReader:
                     f"{m.snapshot_id!r}, not {self.snapshot_id!r}",
                     _CORRUPT_NEXT_STEP,
                 )
+            self._opener = self._check_sealing(m)
             self._manifest = m
         return self._manifest
+
+    def _check_sealing(self, m: fmt.Manifest) -> Seal | None:
+        """The key to open `m`'s chunks with; a wrong key fails now, a missing one when the
+        first chunk is read (its manifest is readable without: listing, gc)."""
+        if m.sealed is None:
+            return None
+        want = f"data key {m.sealed.key_id} of tenant {m.sealed.tenant!r}"
+        if self._seal is None:
+            self._locked = KeyUnavailable(
+                f"snapshot {self.snapshot_id!r} is encrypted under {want}, and no key was given",
+                "thaw it through the coordinator that holds the tenant's keys",
+            )
+            return None
+        if (self._seal.tenant, self._seal.key_id) != (m.sealed.tenant, m.sealed.key_id):
+            raise KeyUnavailable(
+                f"snapshot {self.snapshot_id!r} is encrypted under {want}, not under the "
+                f"given data key {self._seal.key_id} of tenant {self._seal.tenant!r}",
+                "thaw it through the coordinator that holds the tenant's keys",
+            )
+        return self._seal
 
     # -- phase one: download and verify ---------------------------------------------------
 
@@ -251,23 +280,31 @@ class SnapshotReader:
     def _fetch_content(self, stream: fmt.StreamInfo, c: fmt.ChunkInfo) -> bytes:
         """The raw bytes of one shared chunk, decoded and checked against its key. A bad copy
         in the node's chunk cache is dropped and fetched again from the store."""
+        if self._locked is not None:
+            raise self._locked
         for attempt in (0, 1):
             try:
                 stored = self.store.get_bytes(c.key)
             except ObjectMissing as e:
                 raise self._corrupt(stream, c, "is missing from the store") from e
             try:
+                if self._opener is not None:
+                    stored = self._opener.open(c.key, stored)
                 raw = self._codec.decode(stored, c.raw_size)
                 why = "" if len(raw) == c.raw_size else f"decodes to {len(raw)} bytes"
-            except CodecError as e:
+            except (CodecError, SealError) as e:
                 why = str(e)
-            if not why and fmt.sha256_hex(raw) == c.raw_sha256:
+            if not why and self._content_digest(raw) == c.raw_sha256:
                 return raw
             why = why or "fails its sha256 check"
             evict = getattr(self.store, "evict", None)
             if attempt or evict is None or not evict(c.key):
                 break
         raise self._corrupt(stream, c, why + self._shared_by(c.key))
+
+    def _content_digest(self, raw: bytes) -> str:
+        sha = fmt.sha256_hex(raw)
+        return sha if self._opener is None else self._opener.digest(sha)
 
     def _shared_by(self, key: str) -> str:
         """The other snapshots a damaged shared chunk breaks, for the error message."""

@@ -27,7 +27,6 @@ import base64
 import binascii
 import hashlib
 import json
-import os
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -39,6 +38,7 @@ from cryptography.hazmat.primitives.asymmetric.ed25519 import (
 )
 
 from snapshotter.errors import InvalidArgument, SnapshotUntrusted
+from snapshotter.storage.keyfile import create_once
 
 ALG = "ed25519"
 SIGNING_KEY = "signing.key"
@@ -139,22 +139,12 @@ def load_signer(keys_dir: Path) -> Signer:
     """This coordinator's signing key, made (0600, in a 0700 directory) on first use."""
     path = keys_dir / SIGNING_KEY
     if not path.exists():
-        keys_dir.mkdir(parents=True, exist_ok=True, mode=0o700)
         pem = Ed25519PrivateKey.generate().private_bytes(
             serialization.Encoding.PEM,
             serialization.PrivateFormat.PKCS8,
             serialization.NoEncryption(),
         )
-        tmp = path.with_name(f".{SIGNING_KEY}.{os.getpid()}")
-        fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-        with os.fdopen(fd, "wb") as f:
-            f.write(pem)
-        try:
-            os.link(tmp, path)  # two starting at once: the first key made wins
-        except FileExistsError:
-            pass
-        finally:
-            tmp.unlink()
+        create_once(path, pem)
     try:
         loaded = serialization.load_pem_private_key(path.read_bytes(), password=None)
     except (OSError, ValueError, TypeError) as e:

@@ -48,6 +48,7 @@ from snapshotter.storage.codec import Codec, CodecPolicy
 from snapshotter.storage.commit import commit_snapshot
 from snapshotter.storage.dedup import DedupIndex
 from snapshotter.storage.dirstream import tar_directory
+from snapshotter.storage.sealing import Seal
 from snapshotter.storage.signing import Signer
 from snapshotter.storage.tasks import TransferStatus, TransferTasks
 
@@ -109,16 +110,21 @@ class SnapshotWriter:
         format_version: int | None = None,
         codec: CodecPolicy | None = None,
         seed: Iterable[fmt.StreamInfo] = (),
+        seal: Seal | None = None,
     ) -> None:
         """`chunk_size`: format 1's chunk size, format 2's largest chunk. `format_version` and
         `codec`: default from the environment (config.py). `seed`: streams of the job's
-        previous snapshot, whose chunks need no hashing or request when unchanged."""
+        previous snapshot, whose chunks need no hashing or request when unchanged. `seal`:
+        the tenant data key every chunk is sealed with (sealing.py); chunks are then named
+        by keyed digests and the manifest must be committed with `sealed=`."""
         _valid_name(snapshot_id, "snapshot id")
         if chunk_size < 1:
             raise ValueError(f"chunk_size must be positive, got {chunk_size}")
         self.format_version = format_version or config.format_version()
         if self.format_version not in fmt.READ_VERSIONS:
             raise ValueError(f"unknown format version {self.format_version}")
+        if seal is not None:
+            self.format_version = fmt.SEALED_VERSION  # only content chunks can be sealed
         if self.format_version >= 2:
             self._chunking = ChunkingParams(
                 min_size=min(ChunkingParams.min_size, _page_floor(chunk_size)),
@@ -133,6 +139,7 @@ class SnapshotWriter:
         self.snapshot_id = snapshot_id
         self.chunk_size = chunk_size
         self._codec = Codec(codec or config.codec_policy())
+        self.seal = seal
         self._index = DedupIndex()
         self.seeded = self._index.seed(seed)
         self._progress = progress
@@ -244,12 +251,16 @@ class SnapshotWriter:
         """Format 2: store one chunk's content unless the store has it already."""
         data = holder.pop()
         fast = xxhash.xxh3_128_hexdigest(data)
+        if self.seal is not None:
+            fast = self.seal.fast(fast)
         hit = self._index.fast(fast, len(data))
         if hit is not None:
             info = replace(hit, index=index)
             self._report(stream, info, 0)
             return info
         sha = fmt.sha256_hex(data)
+        if self.seal is not None:
+            sha = self.seal.digest(sha)
         key = fmt.content_key(sha)
         uploaded = 0
         while (size := self._index.stored_size(key)) is None:
@@ -259,6 +270,8 @@ class SnapshotWriter:
                 size = self.store.head(key)
                 if size is None:
                     stored = self._codec.encode(data)
+                    if self.seal is not None:
+                        stored = self.seal.seal(key, stored)
                     self.store.put_bytes(key, stored)
                     size = uploaded = len(stored)
                     with self._lock:
@@ -352,8 +365,15 @@ class SnapshotWriter:
             self._written.add(fmt.manifest_key(self.snapshot_id))
             self._written.add(fmt.signature_key(self.snapshot_id))
         try:
+            sealed = None if self.seal is None else fmt.Sealing(self.seal.tenant, self.seal.key_id)
             manifest = commit_snapshot(
-                self.store, self.snapshot_id, streams, meta, put_now=self._put, signer=signer
+                self.store,
+                self.snapshot_id,
+                streams,
+                meta,
+                put_now=self._put,
+                signer=signer,
+                sealed=sealed,
             )
         except StorageUnavailable as err:
             self._tasks.set_exception(err)

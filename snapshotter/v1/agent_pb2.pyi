@@ -213,14 +213,16 @@ class DumpReply(_message.Message):
     def __init__(self, ranks: _Optional[_Iterable[_Union[_common_pb2.RankRecord, _Mapping]]] = ...) -> None: ...
 
 class UploadRequest(_message.Message):
-    __slots__ = ("job_id", "freeze_id", "snapshot_id")
+    __slots__ = ("job_id", "freeze_id", "snapshot_id", "seal")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     FREEZE_ID_FIELD_NUMBER: _ClassVar[int]
     SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
+    SEAL_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     freeze_id: str
     snapshot_id: str
-    def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., snapshot_id: _Optional[str] = ...) -> None: ...
+    seal: _common_pb2.DataKey
+    def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., snapshot_id: _Optional[str] = ..., seal: _Optional[_Union[_common_pb2.DataKey, _Mapping]] = ...) -> None: ...
 
 class Uploaded(_message.Message):
     __slots__ = ("streams", "ranks", "upload", "put_keys")
@@ -264,7 +266,7 @@ class FinishFreezeRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., stop: _Optional[bool] = ..., committed: _Optional[bool] = ..., stop_ranks: _Optional[_Iterable[int]] = ...) -> None: ...
 
 class FetchRequest(_message.Message):
-    __slots__ = ("snapshot_id", "streams", "uncommitted", "manifest_sha256")
+    __slots__ = ("snapshot_id", "streams", "uncommitted", "manifest_sha256", "seal")
     class UncommittedEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -276,11 +278,13 @@ class FetchRequest(_message.Message):
     STREAMS_FIELD_NUMBER: _ClassVar[int]
     UNCOMMITTED_FIELD_NUMBER: _ClassVar[int]
     MANIFEST_SHA256_FIELD_NUMBER: _ClassVar[int]
+    SEAL_FIELD_NUMBER: _ClassVar[int]
     snapshot_id: str
     streams: _containers.RepeatedScalarFieldContainer[str]
     uncommitted: _containers.MessageMap[str, _common_pb2.StreamInfo]
     manifest_sha256: str
-    def __init__(self, snapshot_id: _Optional[str] = ..., streams: _Optional[_Iterable[str]] = ..., uncommitted: _Optional[_Mapping[str, _common_pb2.StreamInfo]] = ..., manifest_sha256: _Optional[str] = ...) -> None: ...
+    seal: _common_pb2.DataKey
+    def __init__(self, snapshot_id: _Optional[str] = ..., streams: _Optional[_Iterable[str]] = ..., uncommitted: _Optional[_Mapping[str, _common_pb2.StreamInfo]] = ..., manifest_sha256: _Optional[str] = ..., seal: _Optional[_Union[_common_pb2.DataKey, _Mapping]] = ...) -> None: ...
 
 class Fetched(_message.Message):
     __slots__ = ("node", "op", "fetch_s", "local_copy")

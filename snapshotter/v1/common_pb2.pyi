@@ -75,7 +75,7 @@ class LinkState(_message.Message):
     def __init__(self, name: _Optional[str] = ..., ip: _Optional[str] = ..., up: _Optional[bool] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("job_id", "script", "script_args", "module", "python", "cwd", "env", "nnodes", "nproc_per_node", "policy", "recovery")
+    __slots__ = ("job_id", "script", "script_args", "module", "python", "cwd", "env", "nnodes", "nproc_per_node", "policy", "recovery", "tenant")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -94,6 +94,7 @@ class JobSpec(_message.Message):
     NPROC_PER_NODE_FIELD_NUMBER: _ClassVar[int]
     POLICY_FIELD_NUMBER: _ClassVar[int]
     RECOVERY_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     script: str
     script_args: _containers.RepeatedScalarFieldContainer[str]
@@ -105,7 +106,18 @@ class JobSpec(_message.Message):
     nproc_per_node: int
     policy: Policy
     recovery: Recovery
-    def __init__(self, job_id: _Optional[str] = ..., script: _Optional[str] = ..., script_args: _Optional[_Iterable[str]] = ..., module: _Optional[bool] = ..., python: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., nnodes: _Optional[int] = ..., nproc_per_node: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., recovery: _Optional[_Union[Recovery, _Mapping]] = ...) -> None: ...
+    tenant: str
+    def __init__(self, job_id: _Optional[str] = ..., script: _Optional[str] = ..., script_args: _Optional[_Iterable[str]] = ..., module: _Optional[bool] = ..., python: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., nnodes: _Optional[int] = ..., nproc_per_node: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., recovery: _Optional[_Union[Recovery, _Mapping]] = ..., tenant: _Optional[str] = ...) -> None: ...
+
+class DataKey(_message.Message):
+    __slots__ = ("tenant", "key_id", "key")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    KEY_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    key_id: str
+    key: bytes
+    def __init__(self, tenant: _Optional[str] = ..., key_id: _Optional[str] = ..., key: _Optional[bytes] = ...) -> None: ...
 
 class Policy(_message.Message):
     __slots__ = ("every_s", "auto", "every_steps", "keep", "keep_hourly_days", "keep_daily_days")

@@ -5,7 +5,9 @@ thawed; its final parameters must be bit-identical to an uninterrupted run.
 
 from __future__ import annotations
 
+import json
 import os
+import secrets
 import shutil
 from collections.abc import Callable, Iterator
 from pathlib import Path
@@ -176,7 +178,8 @@ def test_a_format_1_snapshot_thaws_after_the_upgrade(
     """Frozen by agents that write format 1 (per-snapshot chunks: what a release before the
     shared chunks wrote), thawed after the upgrade by agents that write format 2: bit-identical,
     through the store (the node's local copy removed)."""
-    old = make_snap({"SNAPSHOTTER_FORMAT_VERSION": "1"})
+    # A release before the shared chunks had no encryption at rest either.
+    old = make_snap({"SNAPSHOTTER_FORMAT_VERSION": "1", "SNAPSHOTTER_ENCRYPT": "0"})
     out = tmp_path / "out.json"
     job = old.start_job(out, *ARGS)
     old.wait_step(job, 60)
@@ -196,3 +199,39 @@ def test_a_format_1_snapshot_thaws_after_the_upgrade(
         assert read_result(out) == reference
     finally:
         new.close()
+
+
+def test_an_encrypted_snapshot_keeps_no_plaintext_of_the_job_in_the_store(
+    make_snap: Callable[..., SnapCli], tmp_path: Path, reference: dict
+) -> None:
+    """Encryption at rest, on by default: a marker only the ranks' memory holds (their
+    environment, and os.environ's copy on the heap; the snapshot's meta keeps no such variable)
+    is in no stored byte; the snapshot is sealed under the job's tenant's data key, which stays
+    in the coordinator's keys/ and never in the store; and the job thaws bit-identical from the
+    store (the node's local copy removed)."""
+    marker = "SNAPSHOT-SECRET-" + secrets.token_hex(8)
+    # Uncompressed chunks: only the encryption stands between the marker and the store.
+    cli = make_snap({"JOB_SECRET": marker, "SNAPSHOTTER_CODEC": "none"})
+    out = tmp_path / "out.json"
+    job = cli.start_job(out, *ARGS, tenant="acme")
+    cli.wait_step(job, 40)
+    pids = cli.rank_pids()
+    assert pids and all(marker.encode() in Path(f"/proc/{p}/environ").read_bytes() for p in pids)
+    snapshot = cli.run("freeze", job, "--stop").stdout.strip().splitlines()[-1]
+    assert cli.json("status", job)["state"] == "FROZEN"
+    store = cli.home / "store"
+    files = [p for p in store.rglob("*") if p.is_file()]
+    assert any(p.parts[-3] == "chunks" for p in files)
+    leaked = [str(p.relative_to(store)) for p in files if marker.encode() in p.read_bytes()]
+    assert leaked == []
+    manifest = json.loads((store / "snapshots" / snapshot / "manifest.json").read_text())
+    key_id = manifest["sealed"]["key_id"]
+    assert manifest["version"] == 3 and manifest["sealed"]["tenant"] == "acme"
+    wrapped = cli.home / "keys" / "data" / "acme" / f"{key_id}.wrapped"
+    assert wrapped.exists() and not any(wrapped.read_bytes() in p.read_bytes() for p in files)
+    shutil.rmtree(cli.home / "copies", ignore_errors=True)
+    th = cli.run("thaw", snapshot)
+    assert "from their verified local copy" not in th.stderr, th.stderr
+    st = cli.wait(job)
+    assert st["state"] == "SUCCEEDED", st
+    assert read_result(out) == reference

@@ -61,11 +61,14 @@ class SnapCli:
         return json.loads(p.stdout.strip().splitlines()[-1])
 
     def start_job(
-        self, out: Path, *train_args: str, job_id: str | None = None, nproc: int = 2
-    ) -> str:
+        self, out: Path, *train_args: str, job_id: str | None = None, nproc: int = 2,
+        tenant: str | None = None,
+    ) -> str:  # fmt: skip
         args = ["run", "--detach", "--nproc-per-node", str(nproc)]
         if job_id:
             args += ["--job-id", job_id]
+        if tenant:
+            args += ["--tenant", tenant]
         p = self.run(*args, str(TRAIN), "--out", str(out), *train_args)
         return p.stdout.strip().splitlines()[-1]
 

@@ -221,10 +221,16 @@ def test_versions_read_and_refused() -> None:
     body.pop("checksum")
     body["checksum"] = fmt.sha256_hex(fmt._canonical(body))
     assert fmt.Manifest.from_json(json.dumps(body).encode()).version == 1
-    body["version"] = 3
+    body["version"] = 4
     body.pop("checksum")
     body["checksum"] = fmt.sha256_hex(fmt._canonical(body))
     with pytest.raises(fmt.ManifestError, match="upgrade"):
+        fmt.Manifest.from_json(json.dumps(body).encode())
+    # Version 3 is a sealed snapshot: it must say whose key, and a sealed one must be 3.
+    body["version"] = 3
+    body.pop("checksum")
+    body["checksum"] = fmt.sha256_hex(fmt._canonical(body))
+    with pytest.raises(fmt.ManifestError, match="sealed=None"):
         fmt.Manifest.from_json(json.dumps(body).encode())
 
 
