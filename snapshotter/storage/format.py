@@ -275,7 +275,11 @@ class Manifest:
                 "upgrade it to read newer snapshots)"
             )
         checksum = body.pop("checksum", None)
-        if checksum != sha256_hex(_canonical(body)):
+        try:
+            canonical = _canonical(body)
+        except ValueError as e:  # NaN or an infinity: JSON that no writer of ours makes
+            raise ManifestError(f"manifest holds a value JSON does not allow: {e}") from e
+        if checksum != sha256_hex(canonical):
             raise ManifestError("manifest checksum mismatch (manifest damaged or edited)")
         try:
             manifest = cls(
