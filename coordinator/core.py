@@ -522,6 +522,7 @@ class Coordinator:
         ranks = sorted((r for v in views for r in v.ranks), key=lambda r: r.rank)
         st = pb.JobStatus(
             job_id=job_id,
+            tenant=rec.spec.tenant,
             state=phase.value,
             nodes=rec.agents,
             nnodes=rec.spec.nnodes,

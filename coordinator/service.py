@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from snapshotter import errors
-from snapshotter.coordinator import drain, migrate, reroute, snapshots, supervisor
+from snapshotter.coordinator import drain, migrate, reroute, snapshots, supervisor, tenancy
 from snapshotter.coordinator.core import Coordinator
 from snapshotter.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
@@ -37,65 +37,93 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         return self.c.ping()
 
     def Nodes(self, req: common_pb2.Empty, ctx: Any) -> pb.NodeList:
+        tenancy.require_cluster_scope("list the nodes")
         return self.c.nodes()
 
     def RegisterAgent(self, req: pb.RegisterAgentRequest, ctx: Any) -> pb.RegisterAgentReply:
         return self.c.register_agent(req)
 
     def Run(self, req: pb.RunRequest, ctx: Any) -> pb.JobStatus:
+        req.tenant = tenancy.launch_tenant(req.tenant)
+        if req.job_id:
+            tenancy.check_job_id_free(req.job_id, self._tenant_of(req.job_id))
         return self.c.run(req)
 
     def Status(self, req: common_pb2.JobRef, ctx: Any) -> pb.JobStatus:
-        return self.c.status(req.job_id)
+        return self._own(self.c.status(req.job_id))
 
     def Jobs(self, req: common_pb2.Empty, ctx: Any) -> pb.JobList:
-        return self.c.jobs()
+        listed = self.c.jobs()
+        mine = tenancy.scope()
+        if mine is None:
+            return listed
+        return pb.JobList(jobs=[j for j in listed.jobs if j.tenant == mine])
 
     def Wait(self, req: common_pb2.WaitRequest, ctx: Any) -> pb.JobStatus:
         if req.timeout_s < 0:
             raise errors.InvalidArgument("a negative wait", "pass --timeout SECONDS >= 0")
+        self._check_job(req.job_id)
         return self.c.wait(req.job_id, req.timeout_s or 30.0)
 
     def Cancel(self, req: common_pb2.JobRef, ctx: Any) -> pb.JobStatus:
+        self._check_job(req.job_id)
         return self.c.cancel(req.job_id)
 
     def Logs(self, req: common_pb2.LogsRequest, ctx: Any) -> Iterator[common_pb2.LogChunk]:
+        self._check_job(req.job_id)
         return self.c.logs(req)
 
     def Events(self, req: common_pb2.JobRef, ctx: Any) -> pb.EventList:
+        self._check_job(req.job_id)
         return self.c.events(req.job_id)
 
     def SetPolicy(self, req: pb.SetPolicyRequest, ctx: Any) -> pb.PolicyInfo:
+        self._check_job(req.job_id)
         return supervisor.set_policy(self.c, req)
 
     def ShowPolicy(self, req: common_pb2.JobRef, ctx: Any) -> pb.PolicyInfo:
+        self._check_job(req.job_id)
         return supervisor.show_policy(self.c, req.job_id)
 
     def Drain(self, req: pb.DrainRequest, ctx: Any) -> pb.DrainReply:
+        tenancy.require_cluster_scope("drain a node")
         return drain.drain_node(self.c, req)
 
     def DrainSelf(self, req: pb.DrainRequest, ctx: Any) -> pb.DrainReply:
         return drain.drain_self(self.c, req)
 
     def Freeze(self, req: pb.FreezeRequest, ctx: Any) -> Iterator[pb.FreezeEvent]:
+        self._check_job(req.job_id)
         return self.c.freeze(req)
 
     def Thaw(self, req: pb.ThawRequest, ctx: Any) -> Iterator[pb.ThawEvent]:
+        self._check_snapshot(req.snapshot_id)
+        if req.job_id:
+            tenancy.check_job_id_free(req.job_id, self._tenant_of(req.job_id))
         return self.c.thaw(req)
 
     def Migrate(self, req: pb.MigrateRequest, ctx: Any) -> Iterator[pb.MigrateEvent]:
+        self._check_job(req.job_id)
         return migrate.migrate(self.c, req)
 
     def Link(self, req: pb.LinkRequest, ctx: Any) -> pb.LinkReply:
+        tenancy.require_cluster_scope("manage data links")
         return reroute.link(self.c, req)
 
     def ListSnapshots(self, req: pb.ListSnapshotsRequest, ctx: Any) -> pb.SnapshotList:
-        return snapshots.list_snapshots(self.c.store, req.job_id)
+        listed = snapshots.list_snapshots(self.c.store, req.job_id)
+        mine = tenancy.scope()
+        if mine is None:
+            return listed
+        return pb.SnapshotList(snapshots=[s for s in listed.snapshots if s.tenant == mine])
 
     def ShowSnapshot(self, req: pb.SnapshotRef, ctx: Any) -> pb.SnapshotDetail:
-        return snapshots.show(self.c.store, req.snapshot_id)
+        detail = snapshots.show(self.c.store, req.snapshot_id)
+        tenancy.check_snapshot(req.snapshot_id, detail.summary.tenant, self.c.store.describe())
+        return detail
 
     def DeleteSnapshot(self, req: pb.SnapshotRef, ctx: Any) -> pb.DeleteReply:
+        self._check_snapshot(req.snapshot_id)
         return snapshots.delete(self.c.store, req.snapshot_id)
 
     def Gc(self, req: pb.GcRequest, ctx: Any) -> pb.GcReport:
@@ -103,6 +131,27 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
 
     def Shutdown(self, req: pb.ShutdownRequest, ctx: Any) -> pb.ShutdownReply:
         return self.shutdown(req.force)
+
+    # ---- tenants (tenancy.py decides) --------------------------------------------------
+
+    def _tenant_of(self, job_id: str) -> str | None:
+        try:
+            return self.c.status(job_id).tenant
+        except errors.JobNotFound:
+            return None
+
+    def _check_job(self, job_id: str) -> None:
+        if tenancy.scope() is not None:
+            tenancy.check_job(job_id, self._tenant_of(job_id))
+
+    def _own(self, st: pb.JobStatus) -> pb.JobStatus:
+        tenancy.check_job(st.job_id, st.tenant)
+        return st
+
+    def _check_snapshot(self, snapshot_id: str) -> None:
+        if tenancy.scope() is not None:
+            tenant = snapshots.show(self.c.store, snapshot_id).summary.tenant
+            tenancy.check_snapshot(snapshot_id, tenant, self.c.store.describe())
 
 
 def register(c: Coordinator, shutdown: Shutdown = _refuse_shutdown) -> Any:

@@ -30,6 +30,7 @@ def summary(sid: str, m: fmt.Manifest) -> pb.SnapshotSummary:
         stored_bytes=m.stored_size,
         raw_bytes=m.raw_size,
         stats=convert.parse(meta.get("stats") or {}, pb.FreezeStats),
+        tenant=str((meta.get("job") or {}).get("tenant") or fmt.DEFAULT_TENANT),
     )
 
 

@@ -77,6 +77,11 @@ class Paths:
         return self.run_dir / "keeper.sock"
 
     @property
+    def audit_log(self) -> Path:
+        """The coordinator's append-only audit log (rpc/audit.py)."""
+        return self.home / "audit.log"
+
+    @property
     def keys_dir(self) -> Path:
         """The coordinator's snapshot signing key and the keys it trusts (storage/signing.py);
         SNAPSHOTTER_KEYS_DIR moves it (keep it off the store's disk)."""

@@ -47,6 +47,7 @@ from snapshotter.coordinator.drain import drain_node
 from snapshotter.coordinator.epoch import take_token
 from snapshotter.coordinator.supervisor import Supervisor
 from snapshotter.keeper import ENV as KEEPER_ENV
+from snapshotter.rpc.audit import AuditLog
 from snapshotter.rpc.client import Target, coordinator_client
 from snapshotter.rpc.server import Listen, serve
 from snapshotter.storage.api import ObjectStore
@@ -181,6 +182,7 @@ def serve_embedded(paths: Paths, bind_host: str = "127.0.0.1") -> int:
         Listen(f"unix:{paths.run_dir / 'coordinator.sock'}"),
         coordinator_service.register(coord, shutdown),
         [coordinator_service.SERVICE],
+        audit=AuditLog(paths.audit_log),
     )
     coord.register_agent(
         coordinator_pb2.RegisterAgentRequest(
@@ -229,6 +231,7 @@ class CoordinatorConfig:
     agent_ttl: float = 15.0
     keys_dir: Path | None = None  # its signing and data keys (None: in memory only)
     encrypt: bool = True  # seal snapshots' chunks under their tenants' data keys
+    audit_log: Path | None = None  # where every action is recorded (rpc/audit.py)
 
 
 def serve_coordinator(cfg: CoordinatorConfig) -> int:
@@ -251,6 +254,7 @@ def serve_coordinator(cfg: CoordinatorConfig) -> int:
         cfg.listen,
         coordinator_service.register(coord),
         [coordinator_service.SERVICE],
+        audit=None if cfg.audit_log is None else AuditLog(cfg.audit_log),
     )
     log.info("coordinator %s, epoch %s, store %s", server.address, token, cfg.store_url)
     print(json.dumps({"coordinator": server.address, "fence": list(token)}), flush=True)

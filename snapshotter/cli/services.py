@@ -28,6 +28,7 @@ from snapshotter.rpc.auth import Role, TokenStore
 from snapshotter.rpc.client import Target
 from snapshotter.rpc.server import Listen
 from snapshotter.rpc.tls import COORDINATOR_NAME, init_ca, tls_files
+from snapshotter.storage.format import validate_name
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -87,6 +88,7 @@ def cmd_coordinator(a: argparse.Namespace) -> int:
         agent_ttl=a.agent_ttl,
         keys_dir=Paths(default_home()).keys_dir,
         encrypt=encrypt_at_rest() and not a.no_encrypt,
+        audit_log=Paths(default_home()).audit_log,
     )
     return daemon.serve_coordinator(cfg)
 
@@ -183,8 +185,14 @@ def cmd_certs_init(a: argparse.Namespace) -> int:
 def cmd_token(a: argparse.Namespace) -> int:
     store = TokenStore(Path(a.file))
     if a.token_cmd == "create":
-        token = store.create(a.name, Role(a.role), a.ttl)
-        print(f"token for {a.name} ({a.role}); it is shown only now:", file=sys.stderr)
+        if a.tenant is not None:
+            try:
+                validate_name(a.tenant, "tenant")
+            except ValueError as e:
+                raise errors.InvalidArgument(str(e), "fix --tenant") from e
+        token = store.create(a.name, Role(a.role), a.ttl, tenant=a.tenant)
+        scope = f", tenant {a.tenant}" if a.tenant else ""
+        print(f"token for {a.name} ({a.role}{scope}); it is shown only now:", file=sys.stderr)
         print(token)
     elif a.token_cmd == "revoke":
         if not store.revoke(a.id):
@@ -194,7 +202,8 @@ def cmd_token(a: argparse.Namespace) -> int:
     else:
         rows: list[dict[str, Any]] = store.list()
         print(json.dumps({"tokens": rows}) if a.json else
-              "\n".join(f"{t['id']}  {t['name']}  {t['role']}  expires "
+              "\n".join(f"{t['id']}  {t['name']}  {t['role']}  "
+                        f"tenant {t.get('tenant') or '(all)'}  expires "
                         f"{t['expires'] or 'never'}" for t in rows) or "no tokens")  # fmt: skip
     return 0
 
@@ -267,6 +276,9 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     tc.add_argument("--name", required=True)
     tc.add_argument("--role", required=True, choices=[r.value for r in Role if r is not Role.ROOT])
     tc.add_argument("--ttl", type=duration, default=None, help="e.g. 12h, 30d (default: never)")
+    tc.add_argument("--tenant", default=None,
+                    help="the token sees and acts on this tenant's jobs and snapshots only "
+                    "(roles viewer, operator)")  # fmt: skip
     tl = tk_sub.add_parser("list", parents=[common])
     tl.add_argument("--file", required=True)
     tr = tk_sub.add_parser("revoke", parents=[common])

@@ -84,14 +84,21 @@ def method_rights() -> dict[str, int]:
     return out
 
 
+# Roles a tenant-scoped token may have: a tenant acts on its own jobs and snapshots, never on
+# the cluster (nodes, drains, links, gc are ADMINISTER).
+TENANT_ROLES = (Role.VIEWER, Role.OPERATOR)
+
+
 @dataclass(frozen=True)
 class Identity:
     name: str
     role: Role
     via: str  # token | certificate | unix | insecure
+    tenant: str | None = None  # set: sees and acts on this tenant's jobs and snapshots only
 
     def __str__(self) -> str:
-        return f"{self.name} ({self.role.value}, by {self.via})"
+        scope = f", tenant {self.tenant}" if self.tenant is not None else ""
+        return f"{self.name} ({self.role.value}{scope}, by {self.via})"
 
 
 def authorize(who: Identity, method: str, right: int) -> None:
@@ -152,8 +159,15 @@ class TokenStore:
             json.dump({"tokens": list(tokens.values())}, f, indent=1)
         os.replace(tmp, self.path)
 
-    def create(self, name: str, role: Role, ttl_s: float | None, now: float | None = None) -> str:
-        """Add a token; return it (the only time its secret is visible)."""
+    def create(self, name: str, role: Role, ttl_s: float | None, now: float | None = None,
+               tenant: str | None = None) -> str:  # fmt: skip
+        """Add a token; return it (the only time its secret is visible). `tenant`: the token
+        acts on that tenant's jobs and snapshots only (roles in TENANT_ROLES)."""
+        if tenant is not None and role not in TENANT_ROLES:
+            raise errors.InvalidArgument(
+                f"a tenant's token cannot have the {role.value} role",
+                f"use --role {' or '.join(r.value for r in TENANT_ROLES)} with --tenant",
+            )
         now = time.time() if now is None else now
         ident, secret = secrets.token_hex(6), secrets.token_urlsafe(32)
         tokens = dict(self._load())
@@ -164,6 +178,7 @@ class TokenStore:
             "sha256": _digest(secret),
             "created": now,
             "expires": None if ttl_s is None else now + ttl_s,
+            "tenant": tenant,
         }
         self._save(tokens)
         return f"{TOKEN_PREFIX}{ident}.{secret}"
@@ -200,7 +215,9 @@ class TokenStore:
                 f"{time.strftime('%Y-%m-%d %H:%M:%S UTC', time.gmtime(rec['expires']))}",
                 "ask an admin for a new token",
             )
-        return Identity(name=str(rec["name"]), role=Role(rec["role"]), via="token")
+        tenant = rec.get("tenant")
+        return Identity(name=str(rec["name"]), role=Role(rec["role"]), via="token",
+                        tenant=None if tenant is None else str(tenant))  # fmt: skip
 
 
 def bearer(metadata: Mapping[str, str]) -> str | None:

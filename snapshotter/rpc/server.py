@@ -41,6 +41,7 @@ from grpc_reflection.v1alpha import reflection
 
 from snapshotter import __version__, errors
 from snapshotter.rpc import auth, status
+from snapshotter.rpc.audit import REFUSALS, AuditLog
 from snapshotter.rpc.tls import TlsFiles
 
 log = logging.getLogger(__name__)
@@ -125,10 +126,12 @@ class _Checks(grpc.ServerInterceptor):
         kind: str,
         listen: Listen,
         extra: Callable[[str, Mapping[str, str]], None] | None,
+        audit: AuditLog | None = None,
     ) -> None:
         self.kind = kind
         self.listen = listen
         self.extra = extra
+        self.audit = audit
         self.rights = auth.method_rights()
 
     def intercept_service(
@@ -141,6 +144,19 @@ class _Checks(grpc.ServerInterceptor):
         right = self.rights.get(method, auth.Right.ADMINISTER)
         md = {k: v for k, v in details.invocation_metadata if isinstance(v, str)}
         parse = handler.request_deserializer
+        acts = right in (auth.Right.OPERATE, auth.Right.ADMINISTER)
+
+        def audited(who: auth.Identity | None, request: Any, err: BaseException | None) -> None:
+            if self.audit is None:
+                return
+            code = getattr(err, "code", "error") if err is not None else "ok"
+            if not acts and code not in REFUSALS:
+                return
+            cause = getattr(err, "cause", str(err)) if err is not None else ""
+            try:
+                self.audit.record(who, method, request, str(code), str(cause))
+            except OSError as e:  # the call's outcome stands; the log says it lost a line
+                log.error("audit log %s: %s (lost: %s %s)", self.audit.path, e, method, code)
 
         def admit(raw: bytes, context: grpc.ServicerContext) -> tuple[Any, auth.Identity]:
             self._check_version(md)
@@ -161,14 +177,19 @@ class _Checks(grpc.ServerInterceptor):
             inner = handler.unary_unary
 
             def unary(raw: bytes, context: grpc.ServicerContext) -> Any:
+                who: auth.Identity | None = None
+                request: Any = None
                 try:
                     request, who = admit(raw, context)
                     token = _CALL.set((context, who))
                     try:
-                        return inner(request, context)
+                        reply = inner(request, context)
                     finally:
                         _CALL.reset(token)
+                    audited(who, request, None)
+                    return reply
                 except Exception as e:  # noqa: BLE001 - every failure becomes a status
+                    audited(who, request, e)
                     context.abort_with_status(status.to_status(e))
 
             return grpc.unary_unary_rpc_method_handler(
@@ -178,6 +199,8 @@ class _Checks(grpc.ServerInterceptor):
             inner_s = handler.unary_stream
 
             def stream(raw: bytes, context: grpc.ServicerContext) -> Iterator[Any]:
+                who: auth.Identity | None = None
+                request: Any = None
                 try:
                     request, who = admit(raw, context)
                     token = _CALL.set((context, who))
@@ -185,7 +208,9 @@ class _Checks(grpc.ServerInterceptor):
                         yield from inner_s(request, context)
                     finally:
                         _CALL.reset(token)
+                    audited(who, request, None)
                 except Exception as e:  # noqa: BLE001
+                    audited(who, request, e)
                     context.abort_with_status(status.to_status(e))
 
             return grpc.unary_stream_rpc_method_handler(
@@ -254,8 +279,10 @@ def serve(
     service_names: Sequence[str],
     extra_check: Callable[[str, Mapping[str, str]], None] | None = None,
     max_workers: int = 32,
+    audit: AuditLog | None = None,
 ) -> Served:
     """Start `kind` ("coordinator", "agent") on `listen` with the servicers `register` adds.
+    `audit`: where every action and every refused caller is recorded (audit.py).
 
     Raises:
         InvalidArgument: the listen policy forbids this address (check_listen).
@@ -271,7 +298,7 @@ def serve(
         print(msg, file=sys.stderr, flush=True)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"{kind}-rpc"),
-        interceptors=[_Checks(kind, listen, extra_check)],
+        interceptors=[_Checks(kind, listen, extra_check, audit)],
         options=OPTIONS,
     )
     register(server)

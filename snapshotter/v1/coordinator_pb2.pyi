@@ -130,7 +130,7 @@ class RunRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., script: _Optional[str] = ..., script_args: _Optional[_Iterable[str]] = ..., module: _Optional[bool] = ..., python: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., nnodes: _Optional[int] = ..., nproc_per_node: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., policy: _Optional[_Union[_common_pb2.Policy, _Mapping]] = ..., recovery: _Optional[_Union[_common_pb2.Recovery, _Mapping]] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class JobStatus(_message.Message):
-    __slots__ = ("job_id", "state", "nodes", "nnodes", "nproc_per_node", "script", "ranks", "snapshots", "thawed_from", "exit_code", "policy", "recovery", "recoveries", "events", "gave_up", "plane")
+    __slots__ = ("job_id", "state", "nodes", "nnodes", "nproc_per_node", "script", "ranks", "snapshots", "thawed_from", "exit_code", "policy", "recovery", "recoveries", "events", "gave_up", "plane", "tenant")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     STATE_FIELD_NUMBER: _ClassVar[int]
     NODES_FIELD_NUMBER: _ClassVar[int]
@@ -147,6 +147,7 @@ class JobStatus(_message.Message):
     EVENTS_FIELD_NUMBER: _ClassVar[int]
     GAVE_UP_FIELD_NUMBER: _ClassVar[int]
     PLANE_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     state: str
     nodes: _containers.RepeatedScalarFieldContainer[str]
@@ -163,7 +164,8 @@ class JobStatus(_message.Message):
     events: _containers.RepeatedCompositeFieldContainer[JobEvent]
     gave_up: str
     plane: int
-    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., nnodes: _Optional[int] = ..., nproc_per_node: _Optional[int] = ..., script: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[_common_pb2.RankState, _Mapping]]] = ..., snapshots: _Optional[_Iterable[str]] = ..., thawed_from: _Optional[str] = ..., exit_code: _Optional[int] = ..., policy: _Optional[_Union[_common_pb2.Policy, _Mapping]] = ..., recovery: _Optional[_Union[_common_pb2.Recovery, _Mapping]] = ..., recoveries: _Optional[int] = ..., events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ..., gave_up: _Optional[str] = ..., plane: _Optional[int] = ...) -> None: ...
+    tenant: str
+    def __init__(self, job_id: _Optional[str] = ..., state: _Optional[str] = ..., nodes: _Optional[_Iterable[str]] = ..., nnodes: _Optional[int] = ..., nproc_per_node: _Optional[int] = ..., script: _Optional[str] = ..., ranks: _Optional[_Iterable[_Union[_common_pb2.RankState, _Mapping]]] = ..., snapshots: _Optional[_Iterable[str]] = ..., thawed_from: _Optional[str] = ..., exit_code: _Optional[int] = ..., policy: _Optional[_Union[_common_pb2.Policy, _Mapping]] = ..., recovery: _Optional[_Union[_common_pb2.Recovery, _Mapping]] = ..., recoveries: _Optional[int] = ..., events: _Optional[_Iterable[_Union[JobEvent, _Mapping]]] = ..., gave_up: _Optional[str] = ..., plane: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class JobEvent(_message.Message):
     __slots__ = ("time", "kind", "cause", "snapshot_id", "steps_lost", "took_s", "detect_s", "detail", "nodes", "rank")
@@ -414,7 +416,7 @@ class SnapshotRef(_message.Message):
     def __init__(self, snapshot_id: _Optional[str] = ...) -> None: ...
 
 class SnapshotSummary(_message.Message):
-    __slots__ = ("snapshot_id", "job_id", "created", "ranks", "nodes", "stored_bytes", "raw_bytes", "stats")
+    __slots__ = ("snapshot_id", "job_id", "created", "ranks", "nodes", "stored_bytes", "raw_bytes", "stats", "tenant")
     SNAPSHOT_ID_FIELD_NUMBER: _ClassVar[int]
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     CREATED_FIELD_NUMBER: _ClassVar[int]
@@ -423,6 +425,7 @@ class SnapshotSummary(_message.Message):
     STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
     RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
     STATS_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
     snapshot_id: str
     job_id: str
     created: float
@@ -431,7 +434,8 @@ class SnapshotSummary(_message.Message):
     stored_bytes: int
     raw_bytes: int
     stats: FreezeStats
-    def __init__(self, snapshot_id: _Optional[str] = ..., job_id: _Optional[str] = ..., created: _Optional[float] = ..., ranks: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., stored_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., stats: _Optional[_Union[FreezeStats, _Mapping]] = ...) -> None: ...
+    tenant: str
+    def __init__(self, snapshot_id: _Optional[str] = ..., job_id: _Optional[str] = ..., created: _Optional[float] = ..., ranks: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., stored_bytes: _Optional[int] = ..., raw_bytes: _Optional[int] = ..., stats: _Optional[_Union[FreezeStats, _Mapping]] = ..., tenant: _Optional[str] = ...) -> None: ...
 
 class SnapshotList(_message.Message):
     __slots__ = ("snapshots",)

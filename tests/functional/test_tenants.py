@@ -1,0 +1,224 @@
+"""Tenants, through a real coordinator on a real gRPC server (loopback, bearer tokens) driving a
+real node agent that runs real processes: the full matrix of 2 tenants x every coordinator
+endpoint x every role. A tenant's token sees and acts on its own jobs and snapshots only; to it,
+the other tenant's ids answer exactly like ids nobody has; cluster calls are refused to it; the
+provider's admin acts on all. Every action and every refusal lands in the audit log."""
+
+from __future__ import annotations
+
+import os
+import sys
+import time
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+from snapshotter import __version__, errors
+from snapshotter.agent import service as agent_service
+from snapshotter.agent.allow import ExecPolicy
+from snapshotter.agent.node import NodeAgent, NodeSettings
+from snapshotter.config import Paths
+from snapshotter.coordinator import service as coordinator_service
+from snapshotter.coordinator.core import Coordinator
+from snapshotter.launch.spec import JobSpec
+from snapshotter.rpc import audit
+from snapshotter.rpc.auth import Role, TokenStore
+from snapshotter.rpc.client import Client, Target, coordinator_client
+from snapshotter.rpc.server import Listen, Served, serve
+from snapshotter.storage import LocalDirStore, SnapshotWriter
+from snapshotter.v1 import common_pb2, coordinator_pb2
+
+pytestmark = pytest.mark.timeout(180)
+pb = coordinator_pb2
+SLEEPER = "import time\nprint('up', flush=True)\ntime.sleep(600)\n"
+
+
+@dataclass
+class Cluster:
+    address: str
+    tokens: TokenStore
+    audit_log: Path
+    jobs: dict[str, str]  # tenant -> its job id
+    snaps: dict[str, str]  # tenant -> its snapshot id
+
+    def client(self, token: str) -> Client:
+        return coordinator_client(Target(self.address, token=token))
+
+
+def _snapshot(store: LocalDirStore, sid: str, spec: JobSpec, tmp: Path) -> None:
+    src = tmp / sid
+    src.mkdir()
+    (src / "core-1.img").write_bytes(os.urandom(2000))
+    with SnapshotWriter(store, sid) as w:
+        w.add_directory("rank-0", src)
+        job, _ = spec.for_snapshot()
+        w.commit({"job": job, "source_job": spec.job_id, "nodes": ["n0"], "ranks": []})
+
+
+@pytest.fixture(scope="module")
+def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
+    tmp = tmp_path_factory.mktemp("tenants")
+    store = LocalDirStore(tmp / "store")
+    node = NodeAgent(NodeSettings(name="n0", paths=Paths(tmp / "agent"), freeze_lease_s=0,
+                                  policy=ExecPolicy(anything=True)), store)  # fmt: skip
+    servers: list[Served] = []
+    try:
+        sock = node.paths.run_dir / "agent.sock"
+        servers.append(serve("agent", Listen(f"unix:{sock}"), agent_service.register(node),
+                             [agent_service.SERVICE]))  # fmt: skip
+        coord = Coordinator(store, f"file://{tmp / 'store'}",
+                            lambda address, name: Target(address, server_name=name))  # fmt: skip
+        coord.register_agent(pb.RegisterAgentRequest(
+            name="n0", address=f"unix:{sock}", host="127.0.0.1",
+            incarnation=node.incarnation, version=__version__))  # fmt: skip
+        tokens = TokenStore(tmp / "tokens.json")
+        log = tmp / "audit.log"
+        srv = serve("coordinator", Listen("127.0.0.1:0", tokens=tokens),
+                    coordinator_service.register(coord), [coordinator_service.SERVICE],
+                    audit=audit.AuditLog(log))  # fmt: skip
+        servers.append(srv)
+        script = tmp / "sleeper.py"
+        script.write_text(SLEEPER)
+        c = Cluster(srv.address, tokens, log, {}, {})
+        for tenant in ("acme", "globex"):
+            op = c.client(tokens.create(f"{tenant}-ops", Role.OPERATOR, None, tenant=tenant))
+            st = op.stub.Run(pb.RunRequest(
+                script=str(script), python=sys.executable, cwd=str(tmp), env={"PATH": "/usr/bin"},
+                nnodes=1, nproc_per_node=1), timeout=120)  # fmt: skip
+            assert st.tenant == tenant and st.state == "RUNNING", st
+            c.jobs[tenant] = st.job_id
+            spec = JobSpec(job_id=st.job_id, script=str(script), script_args=[], module=False,
+                           python=sys.executable, cwd=str(tmp), env={}, tenant=tenant)  # fmt: skip
+            c.snaps[tenant] = f"{st.job_id}-s1"
+            _snapshot(store, c.snaps[tenant], spec, tmp)
+        yield c
+    finally:
+        for s in servers:
+            s.stop(0)
+        node.shutdown()
+
+
+def _calls(job: str, snap: str) -> dict[str, Callable[[Client], Any]]:
+    """Every coordinator endpoint, aimed at `job` / `snap` where it takes an id."""
+    ref = common_pb2.JobRef(job_id=job)
+    return {
+        "Status": lambda c: c.stub.Status(ref, timeout=30),
+        "Wait": lambda c: c.stub.Wait(common_pb2.WaitRequest(job_id=job, timeout_s=0.1),
+                                      timeout=30),  # fmt: skip
+        "Logs": lambda c: list(c.stub.Logs(common_pb2.LogsRequest(job_id=job), timeout=30)),
+        "Events": lambda c: c.stub.Events(ref, timeout=30),
+        "ShowPolicy": lambda c: c.stub.ShowPolicy(ref, timeout=30),
+        "SetPolicy": lambda c: c.stub.SetPolicy(pb.SetPolicyRequest(job_id=job, clear=True),
+                                                timeout=30),  # fmt: skip
+        "Freeze": lambda c: list(c.stub.Freeze(pb.FreezeRequest(job_id=job), timeout=30)),
+        "Migrate": lambda c: list(c.stub.Migrate(pb.MigrateRequest(job_id=job, node="n0",
+                                                                   to="n9"), timeout=30)),
+        "Cancel": lambda c: c.stub.Cancel(ref, timeout=30),
+        "ShowSnapshot": lambda c: c.stub.ShowSnapshot(pb.SnapshotRef(snapshot_id=snap),
+                                                      timeout=30),  # fmt: skip
+        "Thaw": lambda c: list(c.stub.Thaw(pb.ThawRequest(snapshot_id=snap), timeout=30)),
+        "DeleteSnapshot": lambda c: c.stub.DeleteSnapshot(pb.SnapshotRef(snapshot_id=snap),
+                                                          timeout=30),  # fmt: skip
+    }  # fmt: skip
+
+
+CLUSTER_CALLS: dict[str, Callable[[Client], Any]] = {
+    "Nodes": lambda c: c.stub.Nodes(common_pb2.Empty(), timeout=30),
+    "Drain": lambda c: c.stub.Drain(pb.DrainRequest(node="n0", undo=True), timeout=30),
+    "Link": lambda c: c.stub.Link(pb.LinkRequest(node="n0", iface="eth9"), timeout=30),
+    "Gc": lambda c: c.stub.Gc(pb.GcRequest(), timeout=30),
+}
+NEEDS_OPERATE = {"SetPolicy", "Freeze", "Migrate", "Cancel", "Thaw"}
+
+
+def _error(call: Callable[[Client], Any], c: Client) -> errors.SnapshotterError | None:
+    try:
+        call(c)
+    except errors.SnapshotterError as e:
+        return e
+    return None
+
+
+@pytest.mark.parametrize("role", [Role.VIEWER, Role.OPERATOR])
+def test_a_tenant_never_reaches_another_tenants_jobs_or_snapshots(
+    cluster: Cluster, role: Role
+) -> None:
+    for me, other in (("acme", "globex"), ("globex", "acme")):
+        c = cluster.client(cluster.tokens.create(f"{me}-{role.value}", role, None, tenant=me))
+        theirs = _calls(cluster.jobs[other], cluster.snaps[other])
+        nobodys = _calls("job-nobody", "job-nobody-s1")
+        for name, call in theirs.items():
+            err = _error(call, c)
+            if role is Role.VIEWER and name in NEEDS_OPERATE or name == "DeleteSnapshot":
+                assert isinstance(err, errors.PermissionDenied), (name, err)
+                continue
+            # Exactly what an id nobody has gets: nothing tells the other tenant's ids exist.
+            ghost = _error(nobodys[name], c)
+            assert err is not None and ghost is not None, (name, err, ghost)
+            assert (type(err), err.cause.replace(cluster.snaps[other], "SID")
+                    .replace(cluster.jobs[other], "ID")) == (
+                type(ghost), ghost.cause.replace("job-nobody-s1", "SID")
+                .replace("job-nobody", "ID")), (name, err, ghost)  # fmt: skip
+            assert isinstance(err, (errors.JobNotFound, errors.SnapshotNotFound)), (name, err)
+        # Listings hold only its own.
+        assert [j.job_id for j in c.stub.Jobs(common_pb2.Empty(), timeout=30).jobs] == [
+            cluster.jobs[me]]  # fmt: skip
+        listed = c.stub.ListSnapshots(pb.ListSnapshotsRequest(), timeout=30).snapshots
+        assert [s.snapshot_id for s in listed] == [cluster.snaps[me]]
+        # Its own it sees.
+        assert c.stub.Status(common_pb2.JobRef(job_id=cluster.jobs[me]), timeout=30).tenant == me
+        shown = c.stub.ShowSnapshot(pb.SnapshotRef(snapshot_id=cluster.snaps[me]), timeout=30)
+        assert shown.summary.tenant == me
+        deadline = time.monotonic() + 60
+        while "up" not in "".join(ch.data.decode() for ch in c.stub.Logs(
+                common_pb2.LogsRequest(job_id=cluster.jobs[me]), timeout=30)):  # fmt: skip
+            assert time.monotonic() < deadline, "its own job's log never showed"
+            time.sleep(0.5)
+        # The cluster is not a tenant's.
+        for name, call in CLUSTER_CALLS.items():
+            assert isinstance(_error(call, c), errors.PermissionDenied), name
+        if role is Role.OPERATOR:
+            with pytest.raises(errors.PermissionDenied, match="may not launch jobs of tenant"):
+                c.stub.Run(pb.RunRequest(script="x.py", tenant=other), timeout=30)
+            with pytest.raises(errors.InvalidArgument, match="is taken"):
+                c.stub.Run(pb.RunRequest(script="x.py", job_id=cluster.jobs[other]), timeout=30)
+            with pytest.raises(errors.InvalidArgument, match="is taken"):
+                thaw = pb.ThawRequest(snapshot_id=cluster.snaps[me], job_id=cluster.jobs[other])
+                list(c.stub.Thaw(thaw, timeout=30))
+
+
+def test_the_provider_admin_acts_on_every_tenant_and_the_audit_log_has_it_all(
+    cluster: Cluster,
+) -> None:
+    admin = cluster.client(cluster.tokens.create("provider", Role.ADMIN, None))
+    jobs = {j.job_id: j.tenant for j in admin.stub.Jobs(common_pb2.Empty(), timeout=30).jobs}
+    assert {jobs[cluster.jobs[t]] for t in ("acme", "globex")} == {"acme", "globex"}
+    listed = admin.stub.ListSnapshots(pb.ListSnapshotsRequest(), timeout=30).snapshots
+    assert {s.snapshot_id for s in listed} == set(cluster.snaps.values())
+    assert admin.stub.Nodes(common_pb2.Empty(), timeout=30).nodes
+    with pytest.raises(errors.InvalidArgument, match="tenant's token cannot have the admin"):
+        cluster.tokens.create("x", Role.ADMIN, None, tenant="acme")
+    # A tenant's operator ends its own job; the provider ends the other.
+    acme = cluster.client(cluster.tokens.create("acme-end", Role.OPERATOR, None, tenant="acme"))
+    acme.stub.Cancel(common_pb2.JobRef(job_id=cluster.jobs["acme"]), timeout=60)
+    admin.stub.Cancel(common_pb2.JobRef(job_id=cluster.jobs["globex"]), timeout=60)
+    for tenant in ("acme", "globex"):
+        st = admin.stub.Wait(common_pb2.WaitRequest(job_id=cluster.jobs[tenant], timeout_s=60),
+                             timeout=90)  # fmt: skip
+        assert st.state == "CANCELLED", st
+    lines = audit.read(cluster.audit_log)
+    mine = [x for x in lines if x["method"] == "Cancel" and x["outcome"] == "ok"]
+    assert {(x["who"], x["tenant"], x["target"]["job_id"]) for x in mine} == {
+        ("acme-end", "acme", cluster.jobs["acme"]), ("provider", None, cluster.jobs["globex"])}
+    refused = [x for x in lines if x["outcome"] == "permission_denied"]
+    assert any(x["method"] == "Nodes" and x["tenant"] for x in refused)
+    runs = [x for x in lines if x["method"] == "Run" and x["outcome"] == "ok"]
+    assert {x["tenant"] for x in runs} >= {"acme", "globex"}
+    # Reads are not recorded; no line carries a request's environment or script.
+    assert not any(x["method"] in ("Status", "Jobs", "Logs") and x["outcome"] == "ok"
+                   for x in lines)  # fmt: skip
+    assert all(set(x["target"]) <= set(audit.TARGET_FIELDS) for x in lines)
+    assert time.time() - lines[-1]["time"] < 300
