@@ -21,7 +21,7 @@ from typing import Any
 
 from snapshotter import __version__, errors
 from snapshotter.agent.retention import jobs_to_forget
-from snapshotter.coordinator import detect
+from snapshotter.coordinator import detect, quotas, snapshots
 from snapshotter.coordinator import policy as policies
 from snapshotter.coordinator.agents import AgentHandle, on_all, open_rdzv_req
 from snapshotter.coordinator.decisions import (
@@ -36,6 +36,7 @@ from snapshotter.coordinator.decisions import (
 from snapshotter.coordinator.freeze import FreezeOperation, FreezeSettings
 from snapshotter.coordinator.journal import Journal
 from snapshotter.coordinator.life import JobLife
+from snapshotter.coordinator.quotas import TenantLimits
 from snapshotter.coordinator.thaw import ThawOperation
 from snapshotter.launch.spec import JobSpec, new_job_id, validate_job_id
 from snapshotter.procutil import resources
@@ -110,14 +111,17 @@ class Coordinator:
         keep_finished_jobs: int = 100,
         keys_dir: Path | None = None,
         encrypt: bool = True,
+        limits: TenantLimits | None = None,
     ) -> None:
         """`keys_dir`: where its snapshot signing key, trusted keys and tenants' data keys
         live (signing.py, datakeys.py); None: fresh keys in memory (tests), trusting only
-        itself. `encrypt`: seal every snapshot's chunks under its tenant's data key."""
+        itself. `encrypt`: seal every snapshot's chunks under its tenant's data key.
+        `limits`: per-tenant quotas on snapshots (quotas.py; None: none)."""
         self.store = store
         self.signer, self.keyring = signing.load(keys_dir)
         self.data_keys = DataKeys(keys_dir)
         self.encrypt = encrypt
+        self.limits = limits or TenantLimits(None)
         self.store_url = store_url
         self.agent_target = agent_target
         self.token = token
@@ -353,6 +357,7 @@ class Coordinator:
             nnodes=req.nnodes or 1,
             nproc_per_node=req.nproc_per_node or 1,
             tenant=req.tenant or DEFAULT_TENANT,
+            provider_opt_out=req.provider_opt_out,
             policy=req.policy,
             recovery=req.recovery,
         )
@@ -654,6 +659,7 @@ class Coordinator:
         freezes give little: a rank that cannot answer at once is stopped or hung)."""
         rec = self._job(req.job_id)
         with self.holding(rec, JobPhase.FREEZING):
+            self._check_quota(rec)
             timeout = req.quiesce_timeout_s if req.HasField("quiesce_timeout_s") else None
             settings = FreezeSettings(
                 quiesce_timeout=timeout or FreezeSettings.quiesce_timeout,
@@ -679,6 +685,21 @@ class Coordinator:
                         # It held collectives on purpose: no rank was hung meanwhile.
                         rec.life.progress = detect.reset(rec.life.progress, time.monotonic())
                     yield ev
+
+    def _check_quota(self, rec: JobRecord) -> None:
+        """Refuse a freeze that would take the job's tenant past its limits (quotas.py)."""
+        tenant = rec.spec.tenant
+        limits = self.limits.get(tenant)
+        if limits == quotas.Limits():
+            return
+        with self._lock:
+            others = [r for r in self._jobs.values() if r is not rec and r.spec.tenant == tenant]
+        freezing = sum(1 for r in others if r.busy == JobPhase.FREEZING.value)
+        stored = 0
+        if limits.max_stored_bytes is not None:
+            listed = snapshots.list_snapshots(self.store, "").snapshots
+            stored = sum(s.stored_bytes for s in listed if s.tenant == tenant)
+        quotas.check_freeze(tenant, limits, freezing, stored)
 
     def seal_for(self, spec: JobSpec) -> Seal | None:
         """The data key a new snapshot of this job is sealed with (None: encryption off)."""

@@ -94,6 +94,7 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
 
     def Freeze(self, req: pb.FreezeRequest, ctx: Any) -> Iterator[pb.FreezeEvent]:
         self._check_job(req.job_id)
+        tenancy.check_provider_freeze(req.job_id, self.c.job(req.job_id).spec.provider_opt_out)
         return self.c.freeze(req)
 
     def Thaw(self, req: pb.ThawRequest, ctx: Any) -> Iterator[pb.ThawEvent]:

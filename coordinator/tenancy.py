@@ -48,6 +48,15 @@ def check_snapshot(snapshot_id: str, tenant: str, where: str) -> None:
         raise errors.SnapshotNotFound(snapshot_id, where)
 
 
+def check_provider_freeze(job_id: str, opted_out: bool) -> None:
+    """Raises FreezeRefused when the provider freezes a job whose tenant withheld consent."""
+    if opted_out and scope() is None:
+        raise errors.FreezeRefused(
+            f"job {job_id} opted out of provider snapshots (run --no-provider-snapshots)",
+            "only its tenant's tokens, and its own snapshot policy, may freeze it",
+        )
+
+
 def launch_tenant(requested: str) -> str:
     """The tenant a new job of this caller belongs to ("" for the default).
 

@@ -77,6 +77,11 @@ class Paths:
         return self.run_dir / "keeper.sock"
 
     @property
+    def tenants_file(self) -> Path:
+        """Per-tenant limits on snapshots (coordinator/quotas.py)."""
+        return self.home / "tenants.json"
+
+    @property
     def audit_log(self) -> Path:
         """The coordinator's append-only audit log (rpc/audit.py)."""
         return self.home / "audit.log"

@@ -45,6 +45,7 @@ from snapshotter.coordinator import service as coordinator_service
 from snapshotter.coordinator.core import Coordinator
 from snapshotter.coordinator.drain import drain_node
 from snapshotter.coordinator.epoch import take_token
+from snapshotter.coordinator.quotas import TenantLimits
 from snapshotter.coordinator.supervisor import Supervisor
 from snapshotter.keeper import ENV as KEEPER_ENV
 from snapshotter.rpc.audit import AuditLog
@@ -163,6 +164,7 @@ def serve_embedded(paths: Paths, bind_host: str = "127.0.0.1") -> int:
     coord = Coordinator(
         store, url, lambda address, name: Target(address, server_name=name),
         keep_finished_jobs=keep_jobs(), keys_dir=paths.keys_dir, encrypt=encrypt_at_rest(),
+        limits=TenantLimits(paths.tenants_file),
     )  # fmt: skip
     supervisor = Supervisor(coord, tick_s=supervise_tick())
     supervisor.start()
@@ -232,6 +234,7 @@ class CoordinatorConfig:
     keys_dir: Path | None = None  # its signing and data keys (None: in memory only)
     encrypt: bool = True  # seal snapshots' chunks under their tenants' data keys
     audit_log: Path | None = None  # where every action is recorded (rpc/audit.py)
+    tenants_file: Path | None = None  # per-tenant limits (coordinator/quotas.py)
 
 
 def serve_coordinator(cfg: CoordinatorConfig) -> int:
@@ -245,7 +248,7 @@ def serve_coordinator(cfg: CoordinatorConfig) -> int:
 
     coord = Coordinator(store, cfg.store_url, agent_target, token, agent_ttl=cfg.agent_ttl,
                         keep_finished_jobs=keep_jobs(), keys_dir=cfg.keys_dir,
-                        encrypt=cfg.encrypt)  # fmt: skip
+                        encrypt=cfg.encrypt, limits=TenantLimits(cfg.tenants_file))  # fmt: skip
     supervisor = Supervisor(coord, tick_s=supervise_tick())
     supervisor.start()
     stop = _stop_event()

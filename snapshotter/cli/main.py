@@ -21,6 +21,7 @@ from snapshotter import __version__, errors
 from snapshotter.cli import gc as gc_cli
 from snapshotter.cli import keys as keys_cli
 from snapshotter.cli import preempt, services, supervise
+from snapshotter.cli import tenants as tenants_cli
 from snapshotter.cli.connect import coordinator, stop_embedded
 from snapshotter.cli.output import Msg, ProgressLine, emit_result, human_bytes, table
 from snapshotter.config import Paths, default_home
@@ -111,6 +112,7 @@ def cmd_run(a: argparse.Namespace) -> int:
         nodes=a.nodes.split(",") if a.nodes else [],
         recovery=supervise.recovery_from_flags(a),
         tenant=a.tenant or "",
+        provider_opt_out=a.no_provider_snapshots,
     )
     req.policy.CopyFrom(supervise.policy_from_flags(a)[0])
     c = _client()
@@ -418,6 +420,9 @@ def build_parser() -> argparse.ArgumentParser:
     r.add_argument("--tenant", default=None,
                    help="whose job it is (default: default): its snapshots are sealed under "
                    "this tenant's data keys")  # fmt: skip
+    r.add_argument("--no-provider-snapshots", action="store_true",
+                   help="the provider (a caller of no tenant) may not freeze this job; its "
+                   "tenant's freezes and its own policy still may")  # fmt: skip
     r.add_argument("--detach", "-d", action="store_true")
     r.add_argument(
         "--preempt-grace",
@@ -476,6 +481,7 @@ def build_parser() -> argparse.ArgumentParser:
     dn.add_argument("--force", action="store_true", help="also stop running jobs")
     gc_cli.add_parser(sub).set_defaults(fn=lambda a: gc_cli.run(a, _client()))
     keys_cli.add_parser(sub)
+    tenants_cli.add_parser(sub)
     services.add_parsers(sub, common)
     supervise.add_parsers(sub, common, _client)
     return p

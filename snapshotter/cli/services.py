@@ -89,6 +89,7 @@ def cmd_coordinator(a: argparse.Namespace) -> int:
         keys_dir=Paths(default_home()).keys_dir,
         encrypt=encrypt_at_rest() and not a.no_encrypt,
         audit_log=Paths(default_home()).audit_log,
+        tenants_file=Paths(default_home()).tenants_file,
     )
     return daemon.serve_coordinator(cfg)
 

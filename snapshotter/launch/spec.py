@@ -55,6 +55,9 @@ class JobSpec:
     nproc_per_node: int = 1
     # Whose job it is: its snapshots are sealed under this tenant's data keys (datakeys.py).
     tenant: str = DEFAULT_TENANT
+    # The tenant withheld consent: the provider (a caller of no tenant) may not freeze it; the
+    # tenant's own freezes and its policy snapshots go on.
+    provider_opt_out: bool = False
     # What the coordinator does with the job by itself (kept in its snapshots, so a thawed
     # or recovered job keeps them). Empty messages: no policy snapshots, no recovery.
     policy: common_pb2.Policy = field(default_factory=common_pb2.Policy, compare=False)
@@ -85,6 +88,7 @@ class JobSpec:
             nnodes=int(d.get("nnodes", 1)),
             nproc_per_node=int(d.get("nproc_per_node", 1)),
             tenant=str(d.get("tenant") or DEFAULT_TENANT),
+            provider_opt_out=bool(d.get("provider_opt_out", False)),
             # A snapshot of an older release has neither.
             policy=convert.parse(d.get("policy") or {}, common_pb2.Policy),
             recovery=convert.parse(d.get("recovery") or {}, common_pb2.Recovery),
@@ -118,6 +122,7 @@ class JobSpec:
             nnodes=self.nnodes,
             nproc_per_node=self.nproc_per_node,
             tenant=self.tenant,
+            provider_opt_out=self.provider_opt_out,
             policy=self.policy,
             recovery=self.recovery,
         )
@@ -136,6 +141,7 @@ class JobSpec:
             nnodes=m.nnodes or 1,
             nproc_per_node=m.nproc_per_node or 1,
             tenant=m.tenant or DEFAULT_TENANT,
+            provider_opt_out=m.provider_opt_out,
             policy=m.policy,
             recovery=m.recovery,
         )

@@ -23,6 +23,7 @@ from snapshotter.agent.node import NodeAgent, NodeSettings
 from snapshotter.config import Paths
 from snapshotter.coordinator import service as coordinator_service
 from snapshotter.coordinator.core import Coordinator
+from snapshotter.coordinator.quotas import Limits
 from snapshotter.launch.spec import JobSpec
 from snapshotter.rpc import audit
 from snapshotter.rpc.auth import Role, TokenStore
@@ -43,6 +44,8 @@ class Cluster:
     audit_log: Path
     jobs: dict[str, str]  # tenant -> its job id
     snaps: dict[str, str]  # tenant -> its snapshot id
+    coord: Coordinator
+    script: Path
 
     def client(self, token: str) -> Client:
         return coordinator_client(Target(self.address, token=token))
@@ -82,7 +85,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         servers.append(srv)
         script = tmp / "sleeper.py"
         script.write_text(SLEEPER)
-        c = Cluster(srv.address, tokens, log, {}, {})
+        c = Cluster(srv.address, tokens, log, {}, {}, coord, script)
         for tenant in ("acme", "globex"):
             op = c.client(tokens.create(f"{tenant}-ops", Role.OPERATOR, None, tenant=tenant))
             st = op.stub.Run(pb.RunRequest(
@@ -190,6 +193,37 @@ def test_a_tenant_never_reaches_another_tenants_jobs_or_snapshots(
                 list(c.stub.Thaw(thaw, timeout=30))
 
 
+def test_quotas_and_consent_refuse_a_freeze_before_any_rank_is_touched(cluster: Cluster) -> None:
+    acme = cluster.client(cluster.tokens.create("acme-q", Role.OPERATOR, None, tenant="acme"))
+    admin = cluster.client(cluster.tokens.create("provider-q", Role.ADMIN, None))
+    job = cluster.jobs["acme"]
+
+    def freeze(c: Client, j: str = job) -> errors.SnapshotterError | None:
+        return _error(lambda cl: list(cl.stub.Freeze(pb.FreezeRequest(job_id=j), timeout=60)), c)
+
+    try:
+        cluster.coord.limits.set("acme", Limits(max_stored_bytes=1))
+        err = freeze(acme)
+        assert isinstance(err, errors.FreezeRefused) and "its quota is 1" in err.cause, err
+        assert "--max-stored" in err.next_step
+        cluster.coord.limits.set("acme", Limits(max_concurrent_freezes=0))
+        err = freeze(admin)
+        assert isinstance(err, errors.FreezeRefused) and "its limit is 0" in err.cause, err
+    finally:
+        cluster.coord.limits.set("acme", Limits())
+    assert cluster.coord.status(job).state == "RUNNING"
+    # A job whose tenant withheld consent: the provider may not freeze it, the tenant may.
+    st = acme.stub.Run(pb.RunRequest(
+        script=str(cluster.script), python=sys.executable, cwd=str(cluster.script.parent),
+        env={"PATH": "/usr/bin"}, provider_opt_out=True), timeout=120)  # fmt: skip
+    err = freeze(admin, st.job_id)
+    assert isinstance(err, errors.FreezeRefused) and "opted out" in err.cause, err
+    assert freeze(acme, st.job_id) is None  # its tenant may (a plain process: CRIU alone)
+    mine = acme.stub.ListSnapshots(pb.ListSnapshotsRequest(job_id=st.job_id), timeout=30)
+    assert [s.tenant for s in mine.snapshots] == ["acme"]
+    admin.stub.Cancel(common_pb2.JobRef(job_id=st.job_id), timeout=60)
+
+
 def test_the_provider_admin_acts_on_every_tenant_and_the_audit_log_has_it_all(
     cluster: Cluster,
 ) -> None:
@@ -197,7 +231,8 @@ def test_the_provider_admin_acts_on_every_tenant_and_the_audit_log_has_it_all(
     jobs = {j.job_id: j.tenant for j in admin.stub.Jobs(common_pb2.Empty(), timeout=30).jobs}
     assert {jobs[cluster.jobs[t]] for t in ("acme", "globex")} == {"acme", "globex"}
     listed = admin.stub.ListSnapshots(pb.ListSnapshotsRequest(), timeout=30).snapshots
-    assert {s.snapshot_id for s in listed} == set(cluster.snaps.values())
+    assert {s.snapshot_id for s in listed} >= set(cluster.snaps.values())
+    assert {s.tenant for s in listed} == {"acme", "globex"}
     assert admin.stub.Nodes(common_pb2.Empty(), timeout=30).nodes
     with pytest.raises(errors.InvalidArgument, match="tenant's token cannot have the admin"):
         cluster.tokens.create("x", Role.ADMIN, None, tenant="acme")
@@ -211,8 +246,10 @@ def test_the_provider_admin_acts_on_every_tenant_and_the_audit_log_has_it_all(
         assert st.state == "CANCELLED", st
     lines = audit.read(cluster.audit_log)
     mine = [x for x in lines if x["method"] == "Cancel" and x["outcome"] == "ok"]
-    assert {(x["who"], x["tenant"], x["target"]["job_id"]) for x in mine} == {
+    assert {(x["who"], x["tenant"], x["target"]["job_id"]) for x in mine} >= {
         ("acme-end", "acme", cluster.jobs["acme"]), ("provider", None, cluster.jobs["globex"])}
+    assert any(x["method"] == "Freeze" and x["outcome"] == "freeze_refused"
+               and "opted out" in x["cause"] for x in lines)  # fmt: skip
     refused = [x for x in lines if x["outcome"] == "permission_denied"]
     assert any(x["method"] == "Nodes" and x["tenant"] for x in refused)
     runs = [x for x in lines if x["method"] == "Run" and x["outcome"] == "ok"]
