@@ -1,6 +1,8 @@
 """Generate the Python code of the control-plane contract (proto/snapshotter/v1/*.proto) into
-snapshotter/v1/, or with --check fail if what is checked in differs from what the .proto
-files generate (CI runs that: stale stubs are a build error, not a surprise at run time).
+snapshotter/v1/, and the provider HTTP API's OpenAPI document (proto/openapi.json, its schemas
+from the same descriptors: snapshotter/gateway/), or with --check fail if what is checked in
+differs from what the .proto files generate (CI runs that: stale stubs are a build error, not a
+surprise at run time).
 
     python deploy/gen_proto.py [--check]
 
@@ -19,6 +21,17 @@ ROOT = Path(__file__).resolve().parents[1]
 PROTO = ROOT / "proto"
 OUT = ROOT / "snapshotter" / "v1"
 GENERATED = ("_pb2.py", "_pb2.pyi", "_pb2_grpc.py")
+OPENAPI = PROTO / "openapi.json"
+
+
+def openapi_text() -> str:
+    """The OpenAPI document as generated from the checked-in stubs."""
+    import json
+
+    sys.path.insert(0, str(ROOT))
+    from snapshotter.gateway.app import openapi
+
+    return json.dumps(openapi(), indent=1, sort_keys=True) + "\n"
 
 
 def generate(dest: Path) -> list[Path]:
@@ -56,6 +69,8 @@ def main() -> int:
         )
         extra = sorted(current - names)
         if a.check:
+            if not OPENAPI.exists() or OPENAPI.read_text() != openapi_text():
+                stale.append(str(OPENAPI.relative_to(ROOT)))
             if stale or extra:
                 print(
                     f"generated code in {OUT} is stale: {', '.join(stale + extra)}\n"
@@ -70,7 +85,8 @@ def main() -> int:
             (OUT / p.name).write_bytes(p.read_bytes())
         for name in extra:
             (OUT / name).unlink()
-        print(f"wrote {len(fresh)} files to {OUT}")
+        OPENAPI.write_text(openapi_text())
+        print(f"wrote {len(fresh)} files to {OUT}, and {OPENAPI.relative_to(ROOT)}")
     return 0
 
 

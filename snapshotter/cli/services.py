@@ -209,7 +209,38 @@ def cmd_token(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_gateway(a: argparse.Namespace) -> int:
+    from snapshotter import daemon
+    from snapshotter.gateway.serve import Gateway, GatewayConfig
+
+    daemon.setup_logging()
+    cfg = GatewayConfig(
+        listen=a.listen, coordinator=a.coordinator,
+        coordinator_tls=tls_files(a.tls_dir, "client", a.tls_ca, a.tls_cert, a.tls_key),
+        https_cert=Path(a.https_cert) if a.https_cert else None,
+        https_key=Path(a.https_key) if a.https_key else None,
+    )  # fmt: skip
+    gw = Gateway(cfg)
+    print(json.dumps({"gateway": gw.address, "coordinator": a.coordinator}), flush=True)
+    gw.run()
+    return 0
+
+
 def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
+    gw = sub.add_parser("gateway", parents=[common],
+                        help="serve the provider HTTP/JSON API before a coordinator")  # fmt: skip
+    gw.set_defaults(fn=cmd_gateway)
+    gw.add_argument("--listen", default="127.0.0.1:8080",
+                    help="host:port (beyond loopback only with --https-cert, --https-key)")
+    gw.add_argument("--coordinator", required=True, help="host:port of the coordinator")
+    gw.add_argument("--https-cert", default=None, help="the API's HTTPS certificate (PEM)")
+    gw.add_argument("--https-key", default=None, help="its key (PEM)")
+    g = gw.add_argument_group("TLS toward the coordinator (a `client` certificate)")
+    g.add_argument("--tls-dir", default=None, help="a directory made by `snapshotter certs init`")
+    g.add_argument("--tls-ca", default=None)
+    g.add_argument("--tls-cert", default=None)
+    g.add_argument("--tls-key", default=None)
+
     co = sub.add_parser("coordinator", parents=[common],
                         help="serve a coordinator (multi-node deployments)")  # fmt: skip
     co.set_defaults(fn=cmd_coordinator)

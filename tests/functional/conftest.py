@@ -1,4 +1,5 @@
-"""Fixtures of the storage tests: every store test runs on a local directory and on S3."""
+"""Fixtures of the functional tests: every store test runs on a local directory and on S3; the
+tenant and provider-API tests share a coordinator with two tenants (tests/support/tenants.py)."""
 
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import pytest
 
 from snapshotter.storage import LocalDirStore, ObjectStore, S3Store
 from tests.support.seaweed import SeaweedServer, seaweed_server  # noqa: F401 - fixture
+from tests.support.tenants import cluster  # noqa: F401 - fixture
 
 
 @dataclass
