@@ -216,7 +216,7 @@ def cmd_gateway(a: argparse.Namespace) -> int:
     daemon.setup_logging()
     cfg = GatewayConfig(
         listen=a.listen, coordinator=a.coordinator,
-        coordinator_tls=tls_files(a.tls_dir, "client", a.tls_ca, a.tls_cert, a.tls_key),
+        coordinator_tls=tls_files(a.tls_dir, a.tls_name, a.tls_ca, a.tls_cert, a.tls_key),
         https_cert=Path(a.https_cert) if a.https_cert else None,
         https_key=Path(a.https_key) if a.https_key else None,
     )  # fmt: skip
@@ -237,6 +237,8 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     gw.add_argument("--https-key", default=None, help="its key (PEM)")
     g = gw.add_argument_group("TLS toward the coordinator (a `client` certificate)")
     g.add_argument("--tls-dir", default=None, help="a directory made by `snapshotter certs init`")
+    g.add_argument("--tls-name", default="clients/gateway",
+                   help="its certificate there (made with `certs init --client gateway:client`)")
     g.add_argument("--tls-ca", default=None)
     g.add_argument("--tls-cert", default=None)
     g.add_argument("--tls-key", default=None)
