@@ -38,6 +38,7 @@ from snapshotter.coordinator.journal import Journal
 from snapshotter.coordinator.life import JobLife
 from snapshotter.coordinator.quotas import TenantLimits
 from snapshotter.coordinator.thaw import ThawOperation
+from snapshotter.coordinator.webhooks import Webhooks
 from snapshotter.launch.spec import JobSpec, new_job_id, validate_job_id
 from snapshotter.procutil import resources
 from snapshotter.rpc import convert
@@ -112,16 +113,19 @@ class Coordinator:
         keys_dir: Path | None = None,
         encrypt: bool = True,
         limits: TenantLimits | None = None,
+        webhooks: Webhooks | None = None,
     ) -> None:
         """`keys_dir`: where its snapshot signing key, trusted keys and tenants' data keys
         live (signing.py, datakeys.py); None: fresh keys in memory (tests), trusting only
         itself. `encrypt`: seal every snapshot's chunks under its tenant's data key.
-        `limits`: per-tenant quotas on snapshots (quotas.py; None: none)."""
+        `limits`: per-tenant quotas on snapshots (quotas.py; None: none). `webhooks`: where
+        jobs' events go to their tenants (webhooks.py; None: nowhere)."""
         self.store = store
         self.signer, self.keyring = signing.load(keys_dir)
         self.data_keys = DataKeys(keys_dir)
         self.encrypt = encrypt
         self.limits = limits or TenantLimits(None)
+        self.webhooks = webhooks
         self.store_url = store_url
         self.agent_target = agent_target
         self.token = token
@@ -202,6 +206,7 @@ class Coordinator:
                 if rec is None:
                     rec = JobRecord(spec=spec, nodes=[""] * spec.nnodes)
                     self._jobs[spec.job_id] = rec
+                    self._watch(rec)
                 mine = {r.rank for r in j.ranks}
                 other = (
                     j.state == "RUNNING" and 0 <= j.node_rank < len(rec.nodes)
@@ -378,6 +383,7 @@ class Coordinator:
             rec.life, rec.snapshots = old.life, list(old.snapshots)
         with self._lock:
             self._jobs[job_id] = rec
+        self._watch(rec)
         ref = common_pb2.JobRef(job_id=job_id)
         try:
             # Node 0 hosts the rendezvous server; every node's ranks are pointed at it.
@@ -686,6 +692,12 @@ class Coordinator:
                         rec.life.progress = detect.reset(rec.life.progress, time.monotonic())
                     yield ev
 
+    def _watch(self, rec: JobRecord) -> None:
+        """Send the job's events to its tenant's webhook (if it has one)."""
+        hooks, job_id, tenant = self.webhooks, rec.spec.job_id, rec.spec.tenant
+        if hooks is not None:
+            rec.life.sink = lambda ev: hooks.emit(tenant, job_id, ev)
+
     def _check_quota(self, rec: JobRecord) -> None:
         """Refuse a freeze that would take the job's tenant past its limits (quotas.py)."""
         tenant = rec.spec.tenant
@@ -788,6 +800,7 @@ class Coordinator:
                 rec.life = kept
             self._jobs[job_id] = rec
             self.reading.add(snap)
+        self._watch(rec)
         if not recovering:
             rec.life.gave_up = ""  # a person thawed it: supervised again
             rec.life.cancelled = False

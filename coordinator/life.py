@@ -8,6 +8,7 @@ from __future__ import annotations
 import threading
 import time
 from collections import deque
+from collections.abc import Callable
 from dataclasses import dataclass, field
 
 from snapshotter.coordinator.detect import Progress
@@ -49,12 +50,16 @@ class JobLife:
     # Counts the events added: what journal.py keeps in the store is rewritten when it moves
     # (every change worth keeping comes with an event).
     changes: int = 0
+    # Where each new event goes besides (the coordinator's webhooks; never persisted).
+    sink: Callable[[pb.JobEvent], None] | None = None
 
     def add(self, kind: str, **kw: object) -> pb.JobEvent:
         ev = pb.JobEvent(time=time.time(), kind=kind, **kw)  # type: ignore[arg-type]
         with self.lock:
             self.events.append(ev)
             self.changes += 1
+        if self.sink is not None:
+            self.sink(ev)
         return ev
 
     def newest(self, n: int = STATUS_EVENTS) -> list[pb.JobEvent]:

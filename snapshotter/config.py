@@ -82,6 +82,11 @@ class Paths:
         return self.home / "tenants.json"
 
     @property
+    def webhooks_file(self) -> Path:
+        """Where each tenant's job events are sent (coordinator/webhooks.py), with secrets."""
+        return self.home / "webhooks.json"
+
+    @property
     def audit_log(self) -> Path:
         """The coordinator's append-only audit log (rpc/audit.py)."""
         return self.home / "audit.log"

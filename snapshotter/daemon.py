@@ -47,6 +47,7 @@ from snapshotter.coordinator.drain import drain_node
 from snapshotter.coordinator.epoch import take_token
 from snapshotter.coordinator.quotas import TenantLimits
 from snapshotter.coordinator.supervisor import Supervisor
+from snapshotter.coordinator.webhooks import WebhookConfig, Webhooks
 from snapshotter.keeper import ENV as KEEPER_ENV
 from snapshotter.rpc.audit import AuditLog
 from snapshotter.rpc.client import Target, coordinator_client
@@ -165,6 +166,7 @@ def serve_embedded(paths: Paths, bind_host: str = "127.0.0.1") -> int:
         store, url, lambda address, name: Target(address, server_name=name),
         keep_finished_jobs=keep_jobs(), keys_dir=paths.keys_dir, encrypt=encrypt_at_rest(),
         limits=TenantLimits(paths.tenants_file),
+        webhooks=Webhooks(WebhookConfig(paths.webhooks_file)),
     )  # fmt: skip
     supervisor = Supervisor(coord, tick_s=supervise_tick())
     supervisor.start()
@@ -235,6 +237,7 @@ class CoordinatorConfig:
     encrypt: bool = True  # seal snapshots' chunks under their tenants' data keys
     audit_log: Path | None = None  # where every action is recorded (rpc/audit.py)
     tenants_file: Path | None = None  # per-tenant limits (coordinator/quotas.py)
+    webhooks_file: Path | None = None  # tenants' webhooks (coordinator/webhooks.py)
 
 
 def serve_coordinator(cfg: CoordinatorConfig) -> int:
@@ -248,7 +251,8 @@ def serve_coordinator(cfg: CoordinatorConfig) -> int:
 
     coord = Coordinator(store, cfg.store_url, agent_target, token, agent_ttl=cfg.agent_ttl,
                         keep_finished_jobs=keep_jobs(), keys_dir=cfg.keys_dir,
-                        encrypt=cfg.encrypt, limits=TenantLimits(cfg.tenants_file))  # fmt: skip
+                        encrypt=cfg.encrypt, limits=TenantLimits(cfg.tenants_file),
+                        webhooks=Webhooks(WebhookConfig(cfg.webhooks_file)))  # fmt: skip
     supervisor = Supervisor(coord, tick_s=supervise_tick())
     supervisor.start()
     stop = _stop_event()

@@ -90,6 +90,7 @@ def cmd_coordinator(a: argparse.Namespace) -> int:
         encrypt=encrypt_at_rest() and not a.no_encrypt,
         audit_log=Paths(default_home()).audit_log,
         tenants_file=Paths(default_home()).tenants_file,
+        webhooks_file=Paths(default_home()).webhooks_file,
     )
     return daemon.serve_coordinator(cfg)
 

@@ -13,6 +13,7 @@ from dataclasses import asdict
 from snapshotter.cli.output import emit_result
 from snapshotter.config import Paths, default_home
 from snapshotter.coordinator.quotas import Limits, TenantLimits
+from snapshotter.coordinator.webhooks import WebhookConfig
 from snapshotter.errors import InvalidArgument
 from snapshotter.storage.format import validate_name
 
@@ -38,6 +39,13 @@ def add_parser(subparsers: argparse._SubParsersAction[argparse.ArgumentParser]) 
                    help="freezes of its jobs running at once")  # fmt: skip
     s.add_argument("--json", action="store_true")
     s.set_defaults(fn=cmd_set)
+    w = sub.add_parser("webhook", help="where the tenant's job events are POSTed (signed)")
+    w.add_argument("tenant")
+    which = w.add_mutually_exclusive_group(required=True)
+    which.add_argument("--url", default=None, help="https:// (http:// to loopback only)")
+    which.add_argument("--none", action="store_true", help="send its events nowhere")
+    w.add_argument("--json", action="store_true")
+    w.set_defaults(fn=cmd_webhook)
     sh = sub.add_parser("show", help="every tenant's limits")
     sh.add_argument("--json", action="store_true")
     sh.set_defaults(fn=cmd_show)
@@ -75,6 +83,21 @@ def cmd_set(a: argparse.Namespace) -> int:
     limits.set(a.tenant, new)
     emit_result({"tenant": a.tenant, **asdict(new)}, a.json,
                 f"tenant {a.tenant}: {_describe(new)}")  # fmt: skip
+    return 0
+
+
+def cmd_webhook(a: argparse.Namespace) -> int:
+    try:
+        validate_name(a.tenant, "tenant")
+    except ValueError as e:
+        raise InvalidArgument(str(e), "name the tenant as `run --tenant` does") from e
+    secret = WebhookConfig(Paths(default_home()).webhooks_file).set(a.tenant, a.url)
+    if secret is None:
+        emit_result({"tenant": a.tenant, "url": None}, a.json, f"tenant {a.tenant}: no webhook")
+        return 0
+    emit_result({"tenant": a.tenant, "url": a.url, "secret": secret}, a.json,
+                f"tenant {a.tenant}: events go to {a.url}; their signing secret (shown only "
+                f"now; verify with X-Snapshotter-Signature):\n{secret}")  # fmt: skip
     return 0
 
 
