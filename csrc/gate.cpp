@@ -29,7 +29,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
   // Before the interpreter finalizes, threads that let the GIL go must not take it back (see
   // restoreGil); atexit runs while they still could.
   py::module_::import("atexit").attr("register")(
-      py::cpp_function([] { exiting().store(true); }));
+      py::cpp_function([] { markExiting(); }));
   m.def("channel", &channel);
   // Whether a work an op returned still holds the real work (False once a teardown released it).
   m.def("holds_work", [](const intrusive_ptr<c10d::Work>& w) {

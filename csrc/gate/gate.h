@@ -94,8 +94,16 @@ class Gate {
       return seq;
     }
     lk.unlock();
+    // The GIL is taken back only after the slow path let the gate's lock go: a thread never
+    // waits for the GIL while it holds the lock.
     MaybeReleaseGil nogil;
-    lk.lock();
+    return enterSlow(key, native);
+  }
+
+ private:
+  int64_t enterSlow(const std::string& key, bool native) {
+    std::unique_lock<std::mutex> lk(m_);
+    auto it = issued_.find(key);
     const auto me = std::this_thread::get_id();
     while (true) {
       it = issued_.find(key);
@@ -124,6 +132,7 @@ class Gate {
     }
   }
 
+ public:
   void track(intrusive_ptr<HandleWork> work) {
     std::lock_guard<std::mutex> g(m_);
     pushLocked(Pending{std::move(work), PyRef()});

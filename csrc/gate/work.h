@@ -35,18 +35,27 @@ inline std::string channel(const std::string& group, int src, int dst) {
   return group + kChannelMark + std::to_string(src) + ">" + std::to_string(dst);
 }
 
-// Set by the module's atexit callback: the interpreter is about to finalize.
+// Set by the module's atexit callback: the interpreter is about to finalize, on this thread.
 inline std::atomic<bool>& exiting() {
   static std::atomic<bool> flag{false};
   return flag;
 }
 
-inline bool finalizing() {
-#if PY_VERSION_HEX >= 0x030D0000
-  return exiting().load() || Py_IsFinalizing();
-#else
-  return exiting().load() || _Py_IsFinalizing();
-#endif
+inline std::thread::id& exitingThread() {
+  static std::thread::id id;
+  return id;
+}
+
+inline void markExiting() {
+  exitingThread() = std::this_thread::get_id();
+  exiting().store(true);
+}
+
+// Whether this thread must not take the GIL back: the interpreter exits, and this is not the
+// thread that finalizes it (which takes the GIL back as always: its finalizers may still call
+// the gate).
+inline bool mustPark() {
+  return exiting().load() && std::this_thread::get_id() != exitingThread();
 }
 
 // Takes the GIL back for a thread that let it go. A daemon thread (the hook's control reader,
@@ -56,7 +65,7 @@ inline bool finalizing() {
 // takes it along; one already waiting for the GIL when the exit began unwinds, which is why
 // the guards below declare their destructors noexcept(false) (pybind11 lets it through).
 inline void restoreGil(PyThreadState* state) {
-  while (finalizing()) {
+  while (mustPark()) {
     std::this_thread::sleep_for(std::chrono::hours(1));
   }
   PyEval_RestoreThread(state);

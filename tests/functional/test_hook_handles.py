@@ -100,6 +100,20 @@ print("exiting", flush=True)
 """
 
 
+_LATE_SCRIPT = """
+import atexit
+box = {}
+def late():  # registered before the gate's own atexit: runs after it, on the exiting thread
+    box["b"].counts()
+    box["b"].oldest_in_flight_s()
+    print("late call returned", flush=True)
+atexit.register(late)
+import torch  # noqa: F401
+from snapshotter.hook import native
+box["b"] = native.NativeBarrier(native.load(), lambda *a: None)
+"""
+
+
 def test_a_rank_exits_cleanly_while_a_daemon_thread_is_in_the_gate(tmp_path: Any) -> None:
     """The interpreter's exit must not abort the rank while its control thread is inside the
     native gate: CPython ends such a thread with pthread_exit, and without the gate's guards
@@ -118,3 +132,9 @@ def test_a_rank_exits_cleanly_while_a_daemon_thread_is_in_the_gate(tmp_path: Any
                            timeout=60)  # fmt: skip
         assert (r.returncode, r.stdout) == (0, "exiting\n"), r.stderr[-2000:]
         assert "terminate called" not in r.stderr
+    # The exiting thread itself still uses the gate to the end (its finalizers and atexit
+    # handlers may destroy groups): it must never be held back, or the rank hangs at exit.
+    late = tmp_path / "late_call.py"
+    late.write_text(_LATE_SCRIPT)
+    r = subprocess.run([sys.executable, str(late)], capture_output=True, text=True, timeout=60)
+    assert (r.returncode, r.stdout) == (0, "late call returned\n"), r.stderr[-2000:]
