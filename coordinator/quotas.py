@@ -14,13 +14,12 @@ shares with another are counted in each (what the tenant would free by deleting 
 
 from __future__ import annotations
 
-import json
-import os
-import threading
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 from snapshotter import errors
+from snapshotter.coordinator.tenantfile import TenantFile
 
 
 @dataclass(frozen=True)
@@ -52,55 +51,25 @@ class TenantLimits:
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self._lock = threading.Lock()
-        self._mtime: float | None = None
-        self._limits: dict[str, Limits] = {}
+        self._file = TenantFile(path, _parse, _dump)
 
     def get(self, tenant: str) -> Limits:
-        return self.all().get(tenant, Limits())
+        return self._file.all().get(tenant, Limits())
 
     def all(self) -> dict[str, Limits]:
-        with self._lock:
-            if self.path is None:
-                return dict(self._limits)
-            try:
-                mtime = self.path.stat().st_mtime
-            except FileNotFoundError:
-                self._limits, self._mtime = {}, None
-                return {}
-            if mtime != self._mtime:
-                self._limits = _parse(self.path)
-                self._mtime = mtime
-            return dict(self._limits)
+        return self._file.all()
 
     def set(self, tenant: str, limits: Limits) -> None:
-        current = self.all()
-        current[tenant] = limits
-        with self._lock:
-            if self.path is None:
-                self._limits = current
-                return
-            body = {"tenants": {t: {k: v for k, v in asdict(x).items() if v is not None}
-                                for t, x in sorted(current.items())}}  # fmt: skip
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-            tmp.write_text(json.dumps(body, indent=1) + "\n")
-            os.replace(tmp, self.path)
+        self._file.put(tenant, limits)
 
 
-def _parse(path: Path) -> dict[str, Limits]:
-    try:
-        body = json.loads(path.read_text() or "{}")
-        out = {}
-        for tenant, d in (body.get("tenants") or {}).items():
-            values = {k: d.get(k) for k in ("max_stored_bytes", "max_concurrent_freezes")}
-            for k, v in values.items():
-                if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
-                    raise ValueError(f"{tenant}.{k} = {v!r} is not a whole number >= 0")
-            out[str(tenant)] = Limits(**values)
-        return out
-    except (OSError, ValueError, AttributeError, TypeError) as e:
-        raise errors.InvalidArgument(
-            f"tenant limits {path} are unreadable: {e}",
-            "fix the file (or set limits with `snapshotter tenant set`)",
-        ) from e
+def _parse(tenant: str, d: dict[str, Any]) -> Limits:
+    values = {k: d.get(k) for k in ("max_stored_bytes", "max_concurrent_freezes")}
+    for k, v in values.items():
+        if v is not None and (not isinstance(v, int) or isinstance(v, bool) or v < 0):
+            raise ValueError(f"{tenant}.{k} = {v!r} is not a whole number >= 0")
+    return Limits(**values)
+
+
+def _dump(x: Limits) -> dict[str, Any]:
+    return {k: v for k, v in asdict(x).items() if v is not None}

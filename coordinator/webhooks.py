@@ -28,7 +28,6 @@ import hmac
 import ipaddress
 import json
 import logging
-import os
 import secrets
 import threading
 import time
@@ -43,6 +42,7 @@ from pathlib import Path
 from google.protobuf import json_format
 
 from snapshotter import errors
+from snapshotter.coordinator.tenantfile import TenantFile
 from snapshotter.v1 import coordinator_pb2
 
 log = logging.getLogger(__name__)
@@ -112,54 +112,25 @@ def verify(
 
 
 class WebhookConfig:
-    """The webhooks file of one coordinator (None: none configured)."""
+    """The webhooks file of one coordinator (None: in memory only)."""
 
     def __init__(self, path: Path | None) -> None:
         self.path = path
-        self._lock = threading.Lock()
-        self._mtime: float | None = None
-        self._endpoints: dict[str, Endpoint] = {}
+        self._file = TenantFile(
+            path, lambda t, d: Endpoint(check_url(str(d["url"])), str(d["secret"])),
+            lambda e: {"url": e.url, "secret": e.secret},
+        )  # fmt: skip
 
     def get(self, tenant: str) -> Endpoint | None:
-        return self.all().get(tenant)
-
-    def all(self) -> dict[str, Endpoint]:
-        with self._lock:
-            if self.path is None:
-                return dict(self._endpoints)
-            try:
-                mtime = self.path.stat().st_mtime
-            except FileNotFoundError:
-                self._endpoints, self._mtime = {}, None
-                return {}
-            if mtime != self._mtime:
-                body = json.loads(self.path.read_text() or "{}")
-                self._endpoints = {t: Endpoint(check_url(str(d["url"])), str(d["secret"]))
-                                   for t, d in (body.get("tenants") or {}).items()}  # fmt: skip
-                self._mtime = mtime
-            return dict(self._endpoints)
+        return self._file.all().get(tenant)
 
     def set(self, tenant: str, url: str | None) -> str | None:
         """Point `tenant`'s webhooks at `url` (None: none); returns the new secret."""
-        current = self.all()
-        secret = None
         if url is None:
-            current.pop(tenant, None)
-        else:
-            secret = secrets.token_urlsafe(32)
-            current[tenant] = Endpoint(check_url(url), secret)
-        with self._lock:
-            if self.path is None:
-                self._endpoints = current
-                return secret
-            body = {"tenants": {t: {"url": e.url, "secret": e.secret}
-                                for t, e in sorted(current.items())}}  # fmt: skip
-            self.path.parent.mkdir(parents=True, exist_ok=True)
-            tmp = self.path.with_name(f".{self.path.name}.{os.getpid()}")
-            fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(json.dumps(body, indent=1) + "\n")
-            os.replace(tmp, self.path)
+            self._file.put(tenant, None)
+            return None
+        secret = secrets.token_urlsafe(32)
+        self._file.put(tenant, Endpoint(check_url(url), secret))
         return secret
 
 
