@@ -12,6 +12,7 @@ raise the same errors and cancel the call when dropped.
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from typing import Any
@@ -73,10 +74,25 @@ class _Stream:
             pass
 
 
+# A call that failed like this never reached the server (no connection, or its TLS handshake
+# failed): sending it again cannot do anything twice. The CLI does, after these pauses, so a
+# moment's connection trouble on a loaded host is not a failed command; services have their
+# own retries and deadlines and do not.
+_NOT_SENT = "failed to connect to all addresses"
+CLI_RETRY_S = (0.3, 1.0)
+
+
+def _never_sent(e: grpc.RpcError) -> bool:
+    code = e.code() if hasattr(e, "code") else None
+    details = e.details() if hasattr(e, "details") else ""
+    return code == grpc.StatusCode.UNAVAILABLE and _NOT_SENT in (details or "")
+
+
 class _Calls(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
     def __init__(self, target: Target, peer: str, server: str) -> None:
         self.target = target
         self.server = server
+        self.retries = CLI_RETRY_S if peer == "cli" else ()
         md = [(VERSION_KEY, __version__), (PEER_KEY, peer)]
         if target.token:
             md.append(("authorization", f"Bearer {target.token}"))
@@ -99,12 +115,17 @@ class _Calls(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor
         return fail
 
     def intercept_unary_unary(self, continuation: Any, details: Any, request: Any) -> Any:
-        outcome = continuation(self._details(details), request)
-        try:
-            outcome.result()
-        except grpc.RpcError as e:
-            raise self._fail(details.method)(e) from e
-        return outcome
+        for pause in (*self.retries, None):
+            outcome = continuation(self._details(details), request)
+            try:
+                outcome.result()
+            except grpc.RpcError as e:
+                if pause is None or not _never_sent(e):
+                    raise self._fail(details.method)(e) from e
+                time.sleep(pause)
+                continue
+            return outcome
+        raise AssertionError("unreachable")
 
     def intercept_unary_stream(self, continuation: Any, details: Any, request: Any) -> Any:
         return _Stream(continuation(self._details(details), request), self._fail(details.method))

@@ -150,6 +150,40 @@ def test_unreachable_is_service_unavailable() -> None:
     assert f"127.0.0.1:{port}" in ei.value.cause
 
 
+def test_the_cli_retries_a_call_that_never_reached_the_service(tmp_path: Path) -> None:
+    """A CLI call whose connection failed (it never left this side) is sent again: a service
+    that comes up a moment later answers it. A service's own calls are not retried."""
+    import threading
+
+    s = socket.socket()
+    s.bind(("127.0.0.1", 0))
+    port = s.getsockname()[1]
+    s.close()
+    tokens = TokenStore(tmp_path / "tokens.json")
+    token = tokens.create("otto", Role.VIEWER, None)
+    got: dict[str, Any] = {}
+
+    def ping() -> None:
+        try:
+            c = coordinator_client(Target(f"127.0.0.1:{port}", token=token), peer="cli")
+            got["pid"] = c.stub.Ping(common_pb2.Empty(), timeout=30).pid
+        except errors.SnapshotterError as e:
+            got["error"] = e
+
+    t = threading.Thread(target=ping)
+    t.start()
+    time.sleep(0.15)  # the first try has failed by now: nothing listened
+    srv = _serve(Listen(f"127.0.0.1:{port}", tokens=tokens))
+    try:
+        t.join(30)
+        assert got == {"pid": 1}, got
+    finally:
+        srv.stop(0)
+    with pytest.raises(errors.ServiceUnavailable):  # a service's call: failed at once
+        coordinator_client(Target(f"127.0.0.1:{port}"), peer="agent").stub.Ping(
+            common_pb2.Empty(), timeout=5)  # fmt: skip
+
+
 # ---- where a service may listen -----------------------------------------------------------
 
 
