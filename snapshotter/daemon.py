@@ -327,11 +327,14 @@ def serve_agent(cfg: AgentConfig) -> int:
     )
     coord = coordinator_client(cfg.coordinator, peer="agent")
     beat_now = threading.Event()
+    # Heartbeats go on after a SIGTERM, until the drain is over: a node draining itself must
+    # not look lost to the coordinator meanwhile (its jobs would be frozen, not migrated).
+    beats_done = threading.Event()
     watcher = LinkWatcher(agent.links, lambda _: beat_now.set())
 
     def heartbeat() -> None:
         down_since: float | None = None
-        while not stop.is_set():
+        while not beats_done.is_set():
             beat_now.clear()
             req = coordinator_pb2.RegisterAgentRequest(
                 name=cfg.name, address=server.address, host=host, heartbeat=True,
@@ -372,6 +375,8 @@ def serve_agent(cfg: AgentConfig) -> int:
             except errors.SnapshotterError as e:
                 log.error("could not drain before stopping: %s", e)
     finally:
+        beats_done.set()
+        beat_now.set()
         agent.shutdown(keep_ranks=stop.reload)
         server.stop(2)
         coord.close()
