@@ -136,8 +136,9 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     # ---- tenants (tenancy.py decides) --------------------------------------------------
 
     def _tenant_of(self, job_id: str) -> str | None:
+        # The record's spec, not a status: a status asks every node of the job.
         try:
-            return self.c.status(job_id).tenant
+            return self.c.job(job_id).spec.tenant
         except errors.JobNotFound:
             return None
 
