@@ -14,6 +14,18 @@ echo "[tests] mypy"
 "$VENV/bin/mypy" snapshotter
 echo "[tests] generated code of proto/ is current"
 "$VENV/bin/python" deploy/gen_proto.py --check
+# The end-to-end tests write CRIU images, pages and store chunks (a few GiB at a time): a disk
+# that fills halfway through fails dozens of unrelated tests with ENOSPC, so say so up front.
+NEED_GIB=${SNAPSHOTTER_TESTS_NEED_GIB:-8}
+TMP_DIR=${TMPDIR:-/tmp}
+free_gib=$(( $(df --output=avail -k "$TMP_DIR" | tail -1) / 1024 / 1024 ))
+if [ "$free_gib" -lt "$NEED_GIB" ]; then
+  echo "[tests] error: $TMP_DIR has ${free_gib} GiB free and the tests need about ${NEED_GIB} GiB" >&2
+  echo "  next step: free space there (earlier failed runs keep their files in" >&2
+  echo "  $TMP_DIR/snapshotter-tests-base.* and $TMP_DIR/snapshotter-tests-logs.*), or set TMPDIR" >&2
+  ls -d "$TMP_DIR"/snapshotter-tests-* 2>/dev/null | xargs -r du -sh 2>/dev/null | sed 's/^/    /' >&2
+  exit 1
+fi
 echo "[tests] pytest"
 PYTEST=("$VENV/bin/python" -m pytest -ra --durations=25)
 if [ "$#" -gt 0 ]; then
@@ -27,8 +39,8 @@ fi
 FIRST=(tests/e2e/test_multinode.py tests/e2e/test_multinode_faults.py)
 IGNORE=()
 for m in "${FIRST[@]}"; do IGNORE+=(--ignore "$m"); done
-LOGS=$(mktemp -d /tmp/snapshotter-tests-logs.XXXXXX)
-BASE=$(mktemp -d /tmp/snapshotter-tests-base.XXXXXX)
+LOGS=$(mktemp -d "$TMP_DIR/snapshotter-tests-logs.XXXXXX")
+BASE=$(mktemp -d "$TMP_DIR/snapshotter-tests-base.XXXXXX")
 echo "[tests] run 1 (${FIRST[*]}) in the background, its log: $LOGS/run1.log"
 "${PYTEST[@]}" --basetemp "$BASE/run1" "${FIRST[@]}" >"$LOGS/run1.log" 2>&1 &
 first=$!
@@ -48,7 +60,9 @@ echo "[tests] run 1 exited $rc1, run 2 exited $rc2"
 if [ "$rc1" -eq 0 ] && [ "$rc2" -eq 0 ]; then
   rm -rf "$LOGS" "$BASE"
 else
-  echo "[tests] kept for a look: $BASE (each test's files), $LOGS"
+  # Logs and small files stay for a look; images and chunks would only fill the disk.
+  find "$BASE" -xdev -type f -size +1M ! -name '*.log' ! -name '*.json' -delete 2>/dev/null || true
+  echo "[tests] kept for a look: $BASE (each test's files, $(du -sh "$BASE" | cut -f1)), $LOGS"
 fi
 if [ "$rc1" -ne 0 ]; then exit "$rc1"; fi
 exit "$rc2"

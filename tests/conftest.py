@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 
 from tests.support.cli import SnapCli
+from tests.support.disk import shed_bulk
 from tests.support.procs import CENSUS, guard
 
 
@@ -39,6 +40,17 @@ def _no_process_left_by_the_module(request: pytest.FixtureRequest) -> Iterator[N
 def _no_process_left_by_the_test(request: pytest.FixtureRequest) -> Iterator[None]:
     with guard("function", f"test {request.node.name}"):
         yield
+
+
+@pytest.fixture(autouse=True)
+def _no_bulk_kept_by_the_test(request: pytest.FixtureRequest) -> Iterator[None]:
+    """A passed test's tmp_path goes (tmp_path_retention_policy = "failed"); a failed one's is
+    kept for a look, less its images and chunks (set up first, so this runs after every other
+    fixture of the test has ended its daemons)."""
+    yield
+    tmp = request.node.funcargs.get("tmp_path")
+    if isinstance(tmp, Path):
+        shed_bulk(tmp)
 
 
 def _criu_ready() -> str | None:

@@ -16,6 +16,7 @@ import pytest
 
 from tests.conftest import skip_without_criu
 from tests.support.cli import SnapCli, read_result
+from tests.support.disk import shed_bulk
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 
@@ -36,6 +37,7 @@ def reference(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict]:
         yield read_result(base / "ref.json")
     finally:
         cli.close()
+        shed_bulk(base)
 
 
 def _store_files(home: Path) -> list[str]:

@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 
 from tests.support.cli import ROOT, TORCHRUN, TRAIN
+from tests.support.disk import shed_bulk
 from tests.support.multinode import (
     Deployment,
     Op,
@@ -58,6 +59,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
         finally:
             dep.close()
             server.stop()
+            shed_bulk(root)
 
 
 @pytest.fixture(scope="module")

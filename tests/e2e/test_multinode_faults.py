@@ -24,6 +24,7 @@ import pytest
 from snapshotter.rpc.client import Target, coordinator_client
 from snapshotter.v1 import coordinator_pb2 as cpb
 from tests.support.cli import ROOT, TRAIN
+from tests.support.disk import shed_bulk
 from tests.support.multinode import (
     Deployment,
     Op,
@@ -56,6 +57,7 @@ def dep(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
             yield d
         finally:
             d.close()
+            shed_bulk(root)
 
 
 @pytest.fixture()

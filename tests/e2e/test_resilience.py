@@ -28,6 +28,7 @@ import pytest
 
 from tests.conftest import skip_without_criu
 from tests.support.cli import ROOT, TRAIN, SnapCli, read_result
+from tests.support.disk import shed_bulk
 from tests.support.soak import rank_process
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(900)]
@@ -40,12 +41,14 @@ PACE = ("--step-sleep", "0.1", "--workers", "0")
 @pytest.fixture(scope="module")
 def cli(tmp_path_factory: pytest.TempPathFactory) -> Iterator[SnapCli]:
     skip_without_criu()
-    c = SnapCli(tmp_path_factory.mktemp("resilience"), {"SNAPSHOTTER_SUPERVISE_S": "0.5"})
+    home = tmp_path_factory.mktemp("resilience")
+    c = SnapCli(home, {"SNAPSHOTTER_SUPERVISE_S": "0.5"})
     try:
         c.run("jobs")  # the daemon starts here, in the module's scope, not in a test's
         yield c
     finally:
         c.close()
+        shed_bulk(home)
 
 
 @pytest.fixture(scope="module")
