@@ -12,6 +12,7 @@ from typing import Any
 from snapshotter import errors
 from snapshotter.coordinator import drain, migrate, reroute, snapshots, supervisor, tenancy
 from snapshotter.coordinator.core import Coordinator
+from snapshotter.rpc.server import caller
 from snapshotter.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
 pb = coordinator_pb2
@@ -95,13 +96,13 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     def Freeze(self, req: pb.FreezeRequest, ctx: Any) -> Iterator[pb.FreezeEvent]:
         self._check_job(req.job_id)
         tenancy.check_provider_freeze(req.job_id, self.c.job(req.job_id).spec.provider_opt_out)
-        return self.c.freeze(req)
+        return self._recorded_freeze(req, _asked_by())
 
     def Thaw(self, req: pb.ThawRequest, ctx: Any) -> Iterator[pb.ThawEvent]:
         self._check_snapshot(req.snapshot_id)
         if req.job_id:
             tenancy.check_job_id_free(req.job_id, self._tenant_of(req.job_id))
-        return self.c.thaw(req)
+        return self._recorded_thaw(req, _asked_by())
 
     def Migrate(self, req: pb.MigrateRequest, ctx: Any) -> Iterator[pb.MigrateEvent]:
         self._check_job(req.job_id)
@@ -133,6 +134,39 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     def Shutdown(self, req: pb.ShutdownRequest, ctx: Any) -> pb.ShutdownReply:
         return self.shutdown(req.force)
 
+    # ---- what a person asked for, in the job's events (and so its tenant's webhook) -----
+    # The supervisor's own freezes and thaws record theirs (policy snapshots, recoveries).
+
+    def _recorded_freeze(self, req: pb.FreezeRequest, who: str) -> Iterator[pb.FreezeEvent]:
+        t0 = time.monotonic()
+        try:
+            for ev in self.c.freeze(req):
+                if ev.HasField("done"):
+                    stopped = ", the job stopped" if req.stop else ""
+                    self._event(req.job_id, "frozen", snapshot_id=ev.done.snapshot_id,
+                                took_s=time.monotonic() - t0,
+                                detail=f"asked by {who}{stopped}")  # fmt: skip
+                yield ev
+        except errors.SnapshotterError as e:
+            self._event(req.job_id, "freeze_failed", cause=e.code,
+                        detail=f"asked by {who}: {e.cause}")  # fmt: skip
+            raise
+
+    def _recorded_thaw(self, req: pb.ThawRequest, who: str) -> Iterator[pb.ThawEvent]:
+        t0 = time.monotonic()
+        for ev in self.c.thaw(req):
+            if ev.HasField("done"):
+                self._event(ev.done.job_id, "thawed", snapshot_id=req.snapshot_id,
+                            took_s=time.monotonic() - t0, detail=f"asked by {who}")  # fmt: skip
+            yield ev
+
+    def _event(self, job_id: str, kind: str, **kw: Any) -> None:
+        try:
+            rec = self.c.job(job_id)
+        except errors.JobNotFound:
+            return  # cancelled meanwhile: nothing left to tell
+        rec.life.add(kind, nodes=list(rec.nodes), **kw)
+
     # ---- tenants (tenancy.py decides) --------------------------------------------------
 
     def _tenant_of(self, job_id: str) -> str | None:
@@ -154,6 +188,11 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         if tenancy.scope() is not None:
             tenant = snapshots.show(self.c.store, snapshot_id).summary.tenant
             tenancy.check_snapshot(snapshot_id, tenant, self.c.store.describe())
+
+
+def _asked_by() -> str:
+    who = caller()
+    return "root" if who is None else who.name
 
 
 def register(c: Coordinator, shutdown: Shutdown = _refuse_shutdown) -> Any:

@@ -76,7 +76,7 @@ def test_a_tenant_never_reaches_another_tenants_jobs_or_snapshots(
         nobodys = _calls("job-nobody", "job-nobody-s1")
         for name, call in theirs.items():
             err = _error(call, c)
-            if role is Role.VIEWER and name in NEEDS_OPERATE or name == "DeleteSnapshot":
+            if role is Role.VIEWER and name in NEEDS_OPERATE | {"DeleteSnapshot"}:
                 assert isinstance(err, errors.PermissionDenied), (name, err)
                 continue
             # Exactly what an id nobody has gets: nothing tells the other tenant's ids exist.
@@ -112,6 +112,29 @@ def test_a_tenant_never_reaches_another_tenants_jobs_or_snapshots(
             with pytest.raises(errors.InvalidArgument, match="is taken"):
                 thaw = pb.ThawRequest(snapshot_id=cluster.snaps[me], job_id=cluster.jobs[other])
                 list(c.stub.Thaw(thaw, timeout=30))
+
+
+def test_a_tenants_operator_deletes_its_own_snapshots_only(cluster: Cluster) -> None:
+    sid = cluster.plant("acme", f"{cluster.jobs['acme']}-s-del")
+    ref = pb.SnapshotRef(snapshot_id=sid)
+    acme_viewer = cluster.client(cluster.tokens.create("acme-dv", Role.VIEWER, None, tenant="acme"))
+    globex = cluster.client(cluster.tokens.create("globex-d", Role.OPERATOR, None, tenant="globex"))
+    cluster_op = cluster.client(cluster.tokens.create("ops-d", Role.OPERATOR, None))
+    acme = cluster.client(cluster.tokens.create("acme-d", Role.OPERATOR, None, tenant="acme"))
+    with pytest.raises(errors.PermissionDenied, match="needs the OPERATE right"):
+        acme_viewer.stub.DeleteSnapshot(ref, timeout=30)
+    with pytest.raises(errors.SnapshotNotFound):
+        globex.stub.DeleteSnapshot(ref, timeout=30)
+    # A cluster operator (no tenant) is not confined to a tenant, so the contract's right holds.
+    with pytest.raises(errors.PermissionDenied, match="needs the ADMINISTER right"):
+        cluster_op.stub.DeleteSnapshot(ref, timeout=30)
+    assert sid in {s.snapshot_id for s in acme.stub.ListSnapshots(
+        pb.ListSnapshotsRequest(), timeout=30).snapshots}  # fmt: skip
+    acme.stub.DeleteSnapshot(ref, timeout=30)
+    assert sid not in {s.snapshot_id for s in acme.stub.ListSnapshots(
+        pb.ListSnapshotsRequest(), timeout=30).snapshots}  # fmt: skip
+    with pytest.raises(errors.SnapshotNotFound):
+        acme.stub.ShowSnapshot(ref, timeout=30)
 
 
 def test_quotas_and_consent_refuse_a_freeze_before_any_rank_is_touched(cluster: Cluster) -> None:

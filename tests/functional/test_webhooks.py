@@ -15,6 +15,8 @@ from typing import Any
 
 import pytest
 
+from snapshotter import errors
+from snapshotter.coordinator.quotas import Limits
 from snapshotter.coordinator.webhooks import (
     DELIVERY_ID,
     SIGNATURE,
@@ -116,5 +118,51 @@ def test_a_tenants_events_arrive_signed_once_and_only_to_it(
         for job in jobs.values():
             cluster.coord.cancel(job)
     finally:
+        hooks.stop()
+        cluster.coord.webhooks = None
+
+
+def test_freezes_and_thaws_a_person_asks_for_reach_the_tenant(
+    cluster: Cluster, receiver: Receiver
+) -> None:
+    config = WebhookConfig(None)
+    secret = config.set("acme", receiver.url)
+    assert secret is not None
+    hooks = Webhooks(config)
+    cluster.coord.webhooks = hooks
+    op = cluster.client(cluster.tokens.create("acme-fz", Role.OPERATOR, None, tenant="acme"))
+    try:
+        st = op.stub.Run(pb.RunRequest(
+            script=str(cluster.script), python=sys.executable, cwd=str(cluster.script.parent),
+            env={"PATH": "/usr/bin"}), timeout=120)  # fmt: skip
+        job = st.job_id
+        cluster.coord.limits.set("acme", Limits(max_concurrent_freezes=0))
+        with pytest.raises(errors.FreezeRefused):
+            list(op.stub.Freeze(pb.FreezeRequest(job_id=job), timeout=60))
+        cluster.coord.limits.set("acme", Limits())
+        done = [e for e in op.stub.Freeze(pb.FreezeRequest(job_id=job, stop=True), timeout=120)
+                if e.HasField("done")]  # fmt: skip
+        sid = done[0].done.snapshot_id
+        thawed = [e for e in op.stub.Thaw(pb.ThawRequest(snapshot_id=sid), timeout=120)
+                  if e.HasField("done")]  # fmt: skip
+        assert thawed[0].done.job_id == job
+
+        def kinds() -> list[str]:
+            return [verify(secret, h, b, set())["event"]["kind"]  # type: ignore[index]
+                    for h, b in receiver.got]  # fmt: skip
+
+        _until("the three events arrive", lambda: len(receiver.got) >= 3)
+        assert kinds() == ["freeze_failed", "frozen", "thawed"], kinds()
+        events = [verify(secret, h, b, set())["event"] for h, b in receiver.got]
+        failed, frozen, back = events  # type: ignore[misc]
+        assert failed["cause"] == "freeze_refused" and "asked by acme-fz" in failed["detail"]
+        assert frozen["snapshot_id"] == sid and "the job stopped" in frozen["detail"]
+        assert back["snapshot_id"] == sid and back["nodes"] == ["n0"]
+        # The job's own event list has them too, in order.
+        listed = [e.kind for e in op.stub.Events(common_pb2.JobRef(job_id=job), timeout=30).events]
+        assert listed[-3:] == ["freeze_failed", "frozen", "thawed"], listed
+        cluster.coord.cancel(job)
+    finally:
+        cluster.coord.limits.set("acme", Limits())
         hooks.stop()
         cluster.coord.webhooks = None

@@ -41,9 +41,19 @@ class Cluster:
     snaps: dict[str, str]  # tenant -> its snapshot id
     coord: Coordinator
     script: Path
+    store: LocalDirStore
+    tmp: Path
 
     def client(self, token: str) -> Client:
         return coordinator_client(Target(self.address, token=token))
+
+    def plant(self, tenant: str, sid: str) -> str:
+        """Commit one more snapshot `sid` of `tenant`'s job; returns `sid`."""
+        spec = JobSpec(job_id=self.jobs[tenant], script=str(self.script), script_args=[],
+                       module=False, python=sys.executable, cwd=str(self.tmp), env={},
+                       tenant=tenant)  # fmt: skip
+        _snapshot(self.store, sid, spec, self.tmp)
+        return sid
 
 
 def _snapshot(store: LocalDirStore, sid: str, spec: JobSpec, tmp: Path) -> None:
@@ -80,7 +90,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
         servers.append(srv)
         script = tmp / "sleeper.py"
         script.write_text(SLEEPER)
-        c = Cluster(srv.address, tokens, log, {}, {}, coord, script)
+        c = Cluster(srv.address, tokens, log, {}, {}, coord, script, store, tmp)
         for tenant in ("acme", "globex"):
             op = c.client(tokens.create(f"{tenant}-ops", Role.OPERATOR, None, tenant=tenant))
             st = op.stub.Run(pb.RunRequest(
@@ -88,10 +98,7 @@ def cluster(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Cluster]:
                 nnodes=1, nproc_per_node=1), timeout=120)  # fmt: skip
             assert st.tenant == tenant and st.state == "RUNNING", st
             c.jobs[tenant] = st.job_id
-            spec = JobSpec(job_id=st.job_id, script=str(script), script_args=[], module=False,
-                           python=sys.executable, cwd=str(tmp), env={}, tenant=tenant)  # fmt: skip
-            c.snaps[tenant] = f"{st.job_id}-s1"
-            _snapshot(store, c.snaps[tenant], spec, tmp)
+            c.snaps[tenant] = c.plant(tenant, f"{st.job_id}-s1")
         yield c
     finally:
         for s in servers:
