@@ -38,7 +38,7 @@ from snapshotter.coordinator.journal import Journal
 from snapshotter.coordinator.life import JobLife
 from snapshotter.coordinator.quotas import TenantLimits
 from snapshotter.coordinator.thaw import ThawOperation
-from snapshotter.coordinator.webhooks import Webhooks
+from snapshotter.coordinator.webhooks import WebhookConfig, Webhooks
 from snapshotter.launch.spec import JobSpec, new_job_id, validate_job_id
 from snapshotter.procutil import resources
 from snapshotter.rpc import convert
@@ -125,7 +125,8 @@ class Coordinator:
         self.data_keys = DataKeys(keys_dir)
         self.encrypt = encrypt
         self.limits = limits or TenantLimits(None)
-        self.webhooks = webhooks
+        # In memory when not given (tests, embedded use): SetTenant still keeps endpoints.
+        self.webhooks: Webhooks | None = webhooks or Webhooks(WebhookConfig(None))
         self.store_url = store_url
         self.agent_target = agent_target
         self.token = token

@@ -10,8 +10,17 @@ from collections.abc import Callable, Iterator
 from typing import Any
 
 from snapshotter import errors
-from snapshotter.coordinator import drain, migrate, reroute, snapshots, supervisor, tenancy
+from snapshotter.coordinator import (
+    drain,
+    migrate,
+    reroute,
+    snapshots,
+    supervisor,
+    tenancy,
+    tenants,
+)
 from snapshotter.coordinator.core import Coordinator
+from snapshotter.coordinator.decisions import JobPhase
 from snapshotter.rpc.server import caller
 from snapshotter.v1 import common_pb2, coordinator_pb2, coordinator_pb2_grpc
 
@@ -127,6 +136,48 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     def DeleteSnapshot(self, req: pb.SnapshotRef, ctx: Any) -> pb.DeleteReply:
         self._check_snapshot(req.snapshot_id)
         return snapshots.delete(self.c.store, req.snapshot_id)
+
+    def Tenants(self, req: common_pb2.Empty, ctx: Any) -> pb.TenantList:
+        mine = tenancy.scope()
+        if mine is not None:
+            return pb.TenantList(tenants=[self._tenant(mine)])
+        names = {j.tenant for j in self.c.jobs().jobs}
+        names |= {s.tenant for s in snapshots.list_snapshots(self.c.store, "").snapshots}
+        names |= set(self.c.limits.all())
+        if self.c.webhooks is not None:
+            names |= set(self.c.webhooks.config.all())
+        return pb.TenantList(tenants=[self._tenant(t) for t in sorted(names - {""})])
+
+    def ShowTenant(self, req: pb.TenantRef, ctx: Any) -> pb.TenantInfo:
+        tenancy.check_tenant(tenants.check_name(req.tenant))
+        return self._tenant(req.tenant)
+
+    def SetTenant(self, req: pb.SetTenantRequest, ctx: Any) -> pb.TenantInfo:
+        tenancy.require_cluster_scope("change a tenant's limits or webhook")
+        tenant = tenants.check_name(req.tenant)
+        limits = tenants.new_limits(self.c.limits.get(tenant), req)
+        secret = None
+        if req.HasField("webhook_url"):
+            url = tenants.new_webhook_url(req)
+            if self.c.webhooks is None:
+                raise errors.InvalidArgument("this coordinator sends no webhooks",
+                                             "run the coordinator with webhooks on")  # fmt: skip
+            secret = self.c.webhooks.config.set(tenant, url)
+        self.c.limits.set(tenant, limits)
+        info = self._tenant(tenant)
+        if secret is not None:
+            info.webhook_secret = secret
+        return info
+
+    def _tenant(self, tenant: str) -> pb.TenantInfo:
+        jobs = [(j.tenant, not JobPhase(j.state).terminal, j.state == JobPhase.FREEZING.value)
+                for j in self.c.jobs().jobs]  # fmt: skip
+        snaps = [(s.tenant, s.stored_bytes)
+                 for s in snapshots.list_snapshots(self.c.store, "").snapshots]  # fmt: skip
+        hook = None if self.c.webhooks is None else self.c.webhooks.config.get(tenant)
+        held = tenants.tally(tenant, jobs, snaps)
+        return tenants.describe(tenant, self.c.limits.get(tenant), held, hook.url if hook else None,
+                                self.c.data_keys.current_id(tenant))  # fmt: skip
 
     def Gc(self, req: pb.GcRequest, ctx: Any) -> pb.GcReport:
         return snapshots.gc(self.c.store, set(self.c.writing), time.time(), req)

@@ -48,6 +48,18 @@ def check_snapshot(snapshot_id: str, tenant: str, where: str) -> None:
         raise errors.SnapshotNotFound(snapshot_id, where)
 
 
+def check_tenant(tenant: str) -> None:
+    """Raises PermissionDenied when a tenant's caller asks about another tenant (the same
+    answer whether that tenant exists or not)."""
+    who = caller()
+    if who is not None and who.tenant is not None and tenant != who.tenant:
+        raise errors.PermissionDenied(
+            f"{who} sees its own tenant {who.tenant!r} only",
+            f"ask about {who.tenant!r}, or ask the provider's admin",
+            identity=str(who),
+        )
+
+
 def check_provider_freeze(job_id: str, opted_out: bool) -> None:
     """Raises FreezeRefused when the provider freezes a job whose tenant withheld consent."""
     if opted_out and scope() is None:

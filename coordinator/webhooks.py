@@ -124,6 +124,9 @@ class WebhookConfig:
     def get(self, tenant: str) -> Endpoint | None:
         return self._file.all().get(tenant)
 
+    def all(self) -> dict[str, Endpoint]:
+        return dict(self._file.all())
+
     def set(self, tenant: str, url: str | None) -> str | None:
         """Point `tenant`'s webhooks at `url` (None: none); returns the new secret."""
         if url is None:

@@ -89,6 +89,12 @@ ROUTES = (
     Route("POST", "/v1/snapshots/{snapshot_id}/thaw", "Thaw", pb.ThawRequest, pb.ThawEvent,
           "resume a snapshot as a job", body=True, stream=True),
     Route("GET", "/v1/nodes", "Nodes", common_pb2.Empty, pb.NodeList, "the nodes (provider)"),
+    Route("GET", "/v1/tenants", "Tenants", common_pb2.Empty, pb.TenantList,
+          "the tenants (a tenant's caller: its own)"),
+    Route("GET", "/v1/tenants/{tenant}", "ShowTenant", pb.TenantRef, pb.TenantInfo,
+          "a tenant: what it holds, its limits, where its events go"),
+    Route("PUT", "/v1/tenants/{tenant}", "SetTenant", pb.SetTenantRequest, pb.TenantInfo,
+          "change a tenant's limits or webhook (provider)", body=True),
 )  # fmt: skip
 
 
@@ -205,6 +211,7 @@ def _endpoint(clients: Clients, route: Route) -> Callable[[Request], Any]:
 ID_PATTERNS = {
     "job_id": r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$",
     "snapshot_id": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",
+    "tenant": r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$",  # as storage.format.validate_name
 }
 
 

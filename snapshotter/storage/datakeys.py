@@ -160,6 +160,11 @@ class DataKeys:
                 out[d.name] = (self._current_id(d.name), ids)
         return out
 
+    def current_id(self, tenant: str) -> str | None:
+        """The id of the tenant's current data key; None while it has none (none is made)."""
+        with self._lock:
+            return self._current_id(tenant)
+
     def _current_id(self, tenant: str) -> str | None:
         if self.root is None:
             return self._current.get(tenant)

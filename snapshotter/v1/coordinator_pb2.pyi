@@ -663,3 +663,53 @@ class MigrateEvent(_message.Message):
     progress: _common_pb2.TransferProgress
     done: MigrateDone
     def __init__(self, phase: _Optional[_Union[_common_pb2.PhaseEvent, _Mapping]] = ..., progress: _Optional[_Union[_common_pb2.TransferProgress, _Mapping]] = ..., done: _Optional[_Union[MigrateDone, _Mapping]] = ...) -> None: ...
+
+class TenantRef(_message.Message):
+    __slots__ = ("tenant",)
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    def __init__(self, tenant: _Optional[str] = ...) -> None: ...
+
+class TenantInfo(_message.Message):
+    __slots__ = ("tenant", "max_stored_bytes", "max_concurrent_freezes", "stored_bytes", "snapshots", "jobs", "active_jobs", "freezing", "webhook_url", "data_key_id", "webhook_secret")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MAX_STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENT_FREEZES_FIELD_NUMBER: _ClassVar[int]
+    STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SNAPSHOTS_FIELD_NUMBER: _ClassVar[int]
+    JOBS_FIELD_NUMBER: _ClassVar[int]
+    ACTIVE_JOBS_FIELD_NUMBER: _ClassVar[int]
+    FREEZING_FIELD_NUMBER: _ClassVar[int]
+    WEBHOOK_URL_FIELD_NUMBER: _ClassVar[int]
+    DATA_KEY_ID_FIELD_NUMBER: _ClassVar[int]
+    WEBHOOK_SECRET_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    max_stored_bytes: int
+    max_concurrent_freezes: int
+    stored_bytes: int
+    snapshots: int
+    jobs: int
+    active_jobs: int
+    freezing: int
+    webhook_url: str
+    data_key_id: str
+    webhook_secret: str
+    def __init__(self, tenant: _Optional[str] = ..., max_stored_bytes: _Optional[int] = ..., max_concurrent_freezes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., snapshots: _Optional[int] = ..., jobs: _Optional[int] = ..., active_jobs: _Optional[int] = ..., freezing: _Optional[int] = ..., webhook_url: _Optional[str] = ..., data_key_id: _Optional[str] = ..., webhook_secret: _Optional[str] = ...) -> None: ...
+
+class TenantList(_message.Message):
+    __slots__ = ("tenants",)
+    TENANTS_FIELD_NUMBER: _ClassVar[int]
+    tenants: _containers.RepeatedCompositeFieldContainer[TenantInfo]
+    def __init__(self, tenants: _Optional[_Iterable[_Union[TenantInfo, _Mapping]]] = ...) -> None: ...
+
+class SetTenantRequest(_message.Message):
+    __slots__ = ("tenant", "max_stored_bytes", "max_concurrent_freezes", "webhook_url")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    MAX_STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    MAX_CONCURRENT_FREEZES_FIELD_NUMBER: _ClassVar[int]
+    WEBHOOK_URL_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    max_stored_bytes: int
+    max_concurrent_freezes: int
+    webhook_url: str
+    def __init__(self, tenant: _Optional[str] = ..., max_stored_bytes: _Optional[int] = ..., max_concurrent_freezes: _Optional[int] = ..., webhook_url: _Optional[str] = ...) -> None: ...

@@ -140,6 +140,21 @@ class CoordinatorStub:
                 request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.SnapshotRef.SerializeToString,
                 response_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.DeleteReply.FromString,
                 _registered_method=True)
+        self.Tenants = channel.unary_unary(
+                '/snapshotter.v1.Coordinator/Tenants',
+                request_serializer=snapshotter_dot_v1_dot_common__pb2.Empty.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.TenantList.FromString,
+                _registered_method=True)
+        self.ShowTenant = channel.unary_unary(
+                '/snapshotter.v1.Coordinator/ShowTenant',
+                request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.TenantRef.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.TenantInfo.FromString,
+                _registered_method=True)
+        self.SetTenant = channel.unary_unary(
+                '/snapshotter.v1.Coordinator/SetTenant',
+                request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.SetTenantRequest.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.TenantInfo.FromString,
+                _registered_method=True)
         self.Gc = channel.unary_unary(
                 '/snapshotter.v1.Coordinator/Gc',
                 request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.GcRequest.SerializeToString,
@@ -298,6 +313,25 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Tenants(self, request, context):
+        """Tenants: a tenant's caller sees its own only; limits and webhooks are the provider's.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ShowTenant(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def SetTenant(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Gc(self, request, context):
         """Chunks of freezes that never committed: listed, or deleted after a grace period.
         """
@@ -419,6 +453,21 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.DeleteSnapshot,
                     request_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.SnapshotRef.FromString,
                     response_serializer=snapshotter_dot_v1_dot_coordinator__pb2.DeleteReply.SerializeToString,
+            ),
+            'Tenants': grpc.unary_unary_rpc_method_handler(
+                    servicer.Tenants,
+                    request_deserializer=snapshotter_dot_v1_dot_common__pb2.Empty.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_coordinator__pb2.TenantList.SerializeToString,
+            ),
+            'ShowTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.ShowTenant,
+                    request_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.TenantRef.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_coordinator__pb2.TenantInfo.SerializeToString,
+            ),
+            'SetTenant': grpc.unary_unary_rpc_method_handler(
+                    servicer.SetTenant,
+                    request_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.SetTenantRequest.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_coordinator__pb2.TenantInfo.SerializeToString,
             ),
             'Gc': grpc.unary_unary_rpc_method_handler(
                     servicer.Gc,
@@ -998,6 +1047,87 @@ class Coordinator:
             '/snapshotter.v1.Coordinator/DeleteSnapshot',
             snapshotter_dot_v1_dot_coordinator__pb2.SnapshotRef.SerializeToString,
             snapshotter_dot_v1_dot_coordinator__pb2.DeleteReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Tenants(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapshotter.v1.Coordinator/Tenants',
+            snapshotter_dot_v1_dot_common__pb2.Empty.SerializeToString,
+            snapshotter_dot_v1_dot_coordinator__pb2.TenantList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ShowTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapshotter.v1.Coordinator/ShowTenant',
+            snapshotter_dot_v1_dot_coordinator__pb2.TenantRef.SerializeToString,
+            snapshotter_dot_v1_dot_coordinator__pb2.TenantInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def SetTenant(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapshotter.v1.Coordinator/SetTenant',
+            snapshotter_dot_v1_dot_coordinator__pb2.SetTenantRequest.SerializeToString,
+            snapshotter_dot_v1_dot_coordinator__pb2.TenantInfo.FromString,
             options,
             channel_credentials,
             insecure,

@@ -113,6 +113,22 @@ def test_tenants_through_the_gateway_and_bad_credentials(gateway: str, cluster: 
     assert code == 200 and {s["tenant"] for s in body["snapshots"]} == {"acme", "globex"}
     code, body = _http(f"{gateway}/v2/whatever", token=admin)
     assert code == 404 and body["error"]["code"] == "not_found"
+    # Tenants as a resource: a tenant sees its own; limits are the provider's to set.
+    code, body = _http(f"{gateway}/v1/tenants", token=acme)
+    assert code == 200 and [t["tenant"] for t in body["tenants"]] == ["acme"], body
+    for who in ("globex", "nobody"):
+        code, body = _http(f"{gateway}/v1/tenants/{who}", token=acme)
+        assert code == 403 and "sees its own tenant 'acme' only" in body["error"]["cause"]
+    code, body = _http(f"{gateway}/v1/tenants/acme", "PUT", acme, {"max_stored_bytes": "1"})
+    assert code == 403 and body["error"]["code"] == "permission_denied"
+    code, body = _http(f"{gateway}/v1/tenants/globex", "PUT", admin,
+                       {"max_concurrent_freezes": 3})  # fmt: skip
+    assert code == 200 and body["max_concurrent_freezes"] == 3, body
+    code, body = _http(f"{gateway}/v1/tenants/globex", "PUT", admin,
+                       {"max_concurrent_freezes": -1})  # fmt: skip
+    assert code == 200 and "max_concurrent_freezes" not in body, body
+    code, body = _http(f"{gateway}/v1/tenants/bad%20name", token=admin)
+    assert code == 400 and body["error"]["code"] == "invalid_argument", body
 
 
 def test_the_document_in_the_repo_is_the_served_one_and_matches_the_contract(

@@ -54,6 +54,7 @@ CLUSTER_CALLS: dict[str, Callable[[Client], Any]] = {
     "Drain": lambda c: c.stub.Drain(pb.DrainRequest(node="n0", undo=True), timeout=30),
     "Link": lambda c: c.stub.Link(pb.LinkRequest(node="n0", iface="eth9"), timeout=30),
     "Gc": lambda c: c.stub.Gc(pb.GcRequest(), timeout=30),
+    "SetTenant": lambda c: c.stub.SetTenant(pb.SetTenantRequest(tenant="acme"), timeout=30),
 }
 NEEDS_OPERATE = {"SetPolicy", "Freeze", "Migrate", "Cancel", "Thaw"}
 
@@ -101,6 +102,14 @@ def test_a_tenant_never_reaches_another_tenants_jobs_or_snapshots(
                 common_pb2.LogsRequest(job_id=cluster.jobs[me]), timeout=30)):  # fmt: skip
             assert time.monotonic() < deadline, "its own job's log never showed"
             time.sleep(0.5)
+        # Of tenants, only its own: another, or one nobody has, answers the same refusal.
+        assert [t.tenant for t in c.stub.Tenants(common_pb2.Empty(), timeout=30).tenants] == [me]
+        assert c.stub.ShowTenant(pb.TenantRef(tenant=me), timeout=30).jobs >= 1
+        for who in (other, "nobody"):
+            err = _error(lambda cl, w=who: cl.stub.ShowTenant(pb.TenantRef(tenant=w), timeout=30),
+                         c)  # fmt: skip
+            assert isinstance(err, errors.PermissionDenied), err
+            assert err.cause.endswith(f"sees its own tenant {me!r} only"), err
         # The cluster is not a tenant's.
         for name, call in CLUSTER_CALLS.items():
             assert isinstance(_error(call, c), errors.PermissionDenied), name
@@ -135,6 +144,43 @@ def test_a_tenants_operator_deletes_its_own_snapshots_only(cluster: Cluster) -> 
         pb.ListSnapshotsRequest(), timeout=30).snapshots}  # fmt: skip
     with pytest.raises(errors.SnapshotNotFound):
         acme.stub.ShowSnapshot(ref, timeout=30)
+
+
+def test_the_provider_sees_and_sets_every_tenant(cluster: Cluster) -> None:
+    admin = cluster.client(cluster.tokens.create("provider-t", Role.ADMIN, None))
+    try:
+        info = admin.stub.SetTenant(pb.SetTenantRequest(
+            tenant="globex", max_stored_bytes=50 << 30, max_concurrent_freezes=2,
+            webhook_url="https://hooks.example.test/globex"), timeout=30)  # fmt: skip
+        assert (info.max_stored_bytes, info.max_concurrent_freezes) == (50 << 30, 2)
+        assert info.webhook_url == "https://hooks.example.test/globex"
+        assert len(info.webhook_secret) >= 32  # shown once, here
+        assert cluster.coord.limits.get("globex") == Limits(50 << 30, 2)
+        # A field left out stays; -1 lifts a limit; "" removes the webhook.
+        info = admin.stub.SetTenant(pb.SetTenantRequest(tenant="globex", max_stored_bytes=-1,
+                                                        webhook_url=""), timeout=30)  # fmt: skip
+        assert not info.HasField("max_stored_bytes") and info.max_concurrent_freezes == 2
+        assert info.webhook_url == "" and info.webhook_secret == ""
+        key_id = cluster.coord.data_keys.current("acme").key_id  # made by a first sealed freeze
+        listed = {t.tenant: t for t in admin.stub.Tenants(common_pb2.Empty(), timeout=30).tenants}
+        assert {"acme", "globex"} <= set(listed)
+        acme = listed["acme"]
+        assert acme.jobs >= 1 and acme.snapshots >= 1 and acme.stored_bytes > 0, acme
+        assert acme.data_key_id == key_id != ""
+        # A new tenant exists once a limit names it.
+        admin.stub.SetTenant(pb.SetTenantRequest(tenant="initech", max_concurrent_freezes=1),
+                             timeout=30)  # fmt: skip
+        shown = admin.stub.ShowTenant(pb.TenantRef(tenant="initech"), timeout=30)
+        assert (shown.jobs, shown.snapshots, shown.max_concurrent_freezes) == (0, 0, 1)
+        for bad, match in ((pb.SetTenantRequest(tenant="../x"), "invalid tenant"),
+                           (pb.SetTenantRequest(tenant="x", max_stored_bytes=-5), "-1 for"),
+                           (pb.SetTenantRequest(tenant="x", webhook_url="http://10.0.0.1/"),
+                            "not https")):  # fmt: skip
+            with pytest.raises(errors.InvalidArgument, match=match):
+                admin.stub.SetTenant(bad, timeout=30)
+    finally:
+        for t in ("globex", "initech"):
+            cluster.coord.limits.set(t, Limits())
 
 
 def test_quotas_and_consent_refuse_a_freeze_before_any_rank_is_touched(cluster: Cluster) -> None:

@@ -83,7 +83,7 @@ def test_a_tenants_events_arrive_signed_once_and_only_to_it(
     config = WebhookConfig(None)
     secret = config.set("acme", receiver.url)
     assert secret is not None
-    hooks = Webhooks(config)
+    hooks, before = Webhooks(config), cluster.coord.webhooks
     cluster.coord.webhooks = hooks
     try:
         jobs = {}
@@ -119,7 +119,7 @@ def test_a_tenants_events_arrive_signed_once_and_only_to_it(
             cluster.coord.cancel(job)
     finally:
         hooks.stop()
-        cluster.coord.webhooks = None
+        cluster.coord.webhooks = before
 
 
 def test_freezes_and_thaws_a_person_asks_for_reach_the_tenant(
@@ -128,7 +128,7 @@ def test_freezes_and_thaws_a_person_asks_for_reach_the_tenant(
     config = WebhookConfig(None)
     secret = config.set("acme", receiver.url)
     assert secret is not None
-    hooks = Webhooks(config)
+    hooks, before = Webhooks(config), cluster.coord.webhooks
     cluster.coord.webhooks = hooks
     op = cluster.client(cluster.tokens.create("acme-fz", Role.OPERATOR, None, tenant="acme"))
     try:
@@ -165,4 +165,4 @@ def test_freezes_and_thaws_a_person_asks_for_reach_the_tenant(
     finally:
         cluster.coord.limits.set("acme", Limits())
         hooks.stop()
-        cluster.coord.webhooks = None
+        cluster.coord.webhooks = before
