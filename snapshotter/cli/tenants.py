@@ -13,9 +13,9 @@ from dataclasses import asdict
 from snapshotter.cli.output import emit_result
 from snapshotter.config import Paths, default_home
 from snapshotter.coordinator.quotas import Limits, TenantLimits
+from snapshotter.coordinator.tenants import check_name
 from snapshotter.coordinator.webhooks import WebhookConfig
 from snapshotter.errors import InvalidArgument
-from snapshotter.storage.format import validate_name
 
 _SIZE = re.compile(r"^(\d+)([KMGT]?)$")
 _UNITS = {"": 1, "K": 1 << 10, "M": 1 << 20, "G": 1 << 30, "T": 1 << 40}
@@ -67,10 +67,7 @@ def _value(v: str | None, old: int | None, parse: type | object, flag: str) -> i
 
 
 def cmd_set(a: argparse.Namespace) -> int:
-    try:
-        validate_name(a.tenant, "tenant")
-    except ValueError as e:
-        raise InvalidArgument(str(e), "name the tenant as `run --tenant` does") from e
+    check_name(a.tenant)
     limits = _limits()
     old = limits.get(a.tenant)
     new = Limits(
@@ -87,10 +84,7 @@ def cmd_set(a: argparse.Namespace) -> int:
 
 
 def cmd_webhook(a: argparse.Namespace) -> int:
-    try:
-        validate_name(a.tenant, "tenant")
-    except ValueError as e:
-        raise InvalidArgument(str(e), "name the tenant as `run --tenant` does") from e
+    check_name(a.tenant)
     secret = WebhookConfig(Paths(default_home()).webhooks_file).set(a.tenant, a.url)
     if secret is None:
         emit_result({"tenant": a.tenant, "url": None}, a.json, f"tenant {a.tenant}: no webhook")
