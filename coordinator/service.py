@@ -199,8 +199,11 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                                 detail=f"asked by {who}{stopped}")  # fmt: skip
                 yield ev
         except errors.SnapshotterError as e:
-            self._event(req.job_id, "freeze_failed", cause=e.code,
-                        detail=f"asked by {who}: {e.cause}")  # fmt: skip
+            # A finished job's history is closed (nothing more is written to the store for
+            # it): refusing to freeze it is the caller's answer only.
+            if not self._ended(req.job_id):
+                self._event(req.job_id, "freeze_failed", cause=e.code,
+                            detail=f"asked by {who}: {e.cause}")  # fmt: skip
             raise
 
     def _recorded_thaw(self, req: pb.ThawRequest, who: str) -> Iterator[pb.ThawEvent]:
@@ -210,6 +213,12 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                 self._event(ev.done.job_id, "thawed", snapshot_id=req.snapshot_id,
                             took_s=time.monotonic() - t0, detail=f"asked by {who}")  # fmt: skip
             yield ev
+
+    def _ended(self, job_id: str) -> bool:
+        try:
+            return self.c.job(job_id).ended is not None
+        except errors.JobNotFound:
+            return True
 
     def _event(self, job_id: str, kind: str, **kw: Any) -> None:
         try:
