@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from snapshotter import __version__, errors
+from snapshotter import __version__, errors, metrics
 from snapshotter.agent.retention import jobs_to_forget
 from snapshotter.coordinator import detect, quotas, snapshots
 from snapshotter.coordinator import policy as policies
@@ -162,6 +162,7 @@ class Coordinator:
         coordinator re-learns what runs where."""
         who = node_caller(req.name, "register as", "start the agent with --name matching its "
                            "certificate")  # fmt: skip
+        metrics.HEARTBEATS.labels(req.name).inc()
         if who is not None and who.role not in (Role.NODE, Role.ROOT):
             log.warning("agent %s registered by %s", req.name, who)
         seen = time.monotonic() if req.heartbeat else None
@@ -264,6 +265,23 @@ class Coordinator:
         now = time.monotonic()
         with self._lock:
             return {n: a for n, a in self._agents.items() if self._live(a, now)}
+
+    def agent_census(self) -> dict[str, int]:
+        """Registered agents by state (live, lost), without asking any: for the metrics."""
+        now = time.monotonic()
+        with self._lock:
+            live = sum(self._live(a, now) for a in self._agents.values())
+            return {"live": live, "lost": len(self._agents) - live}
+
+    def job_census(self) -> dict[str, int]:
+        """Known jobs by what this coordinator last saw (busy with an operation, ended, or
+        active), without asking the agents: for the metrics."""
+        out: dict[str, int] = {}
+        with self._lock:
+            for r in self._jobs.values():
+                state = r.busy or (r.final.value if r.final and r.ended else "ACTIVE")
+                out[state] = out.get(state, 0) + 1
+        return out
 
     def _place(self, nnodes: int, requested: list[str]) -> list[AgentHandle]:
         live = self.live_agents()
@@ -664,6 +682,11 @@ class Coordinator:
     ) -> Iterator[pb.FreezeEvent]:
         """`prepare_timeout`: how long a rank may take to report its counts (the supervisor's
         freezes give little: a rank that cannot answer at once is stopped or hung)."""
+        return metrics.observed("freeze", self._freeze(req, prepare_timeout))
+
+    def _freeze(
+        self, req: pb.FreezeRequest, prepare_timeout: float | None
+    ) -> Iterator[pb.FreezeEvent]:
         rec = self._job(req.job_id)
         with self.holding(rec, JobPhase.FREEZING):
             self._check_quota(rec)
@@ -757,6 +780,9 @@ class Coordinator:
 
     def thaw(self, req: pb.ThawRequest, recovering: bool = False) -> Iterator[pb.ThawEvent]:
         """`recovering`: the supervisor thaws a job it stopped under the same id."""
+        return metrics.observed("thaw", self._thaw(req, recovering))
+
+    def _thaw(self, req: pb.ThawRequest, recovering: bool) -> Iterator[pb.ThawEvent]:
         snap = req.snapshot_id
         reader = SnapshotReader(self.store, snap)
         body = reader.manifest_body()

@@ -11,6 +11,7 @@ from collections import deque
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+from snapshotter import metrics
 from snapshotter.coordinator.detect import Progress
 from snapshotter.coordinator.policy import PolicyState
 from snapshotter.v1 import coordinator_pb2
@@ -58,6 +59,7 @@ class JobLife:
         with self.lock:
             self.events.append(ev)
             self.changes += 1
+        metrics.JOB_EVENTS.labels(kind).inc()
         if self.sink is not None:
             self.sink(ev)
         return ev

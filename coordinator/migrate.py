@@ -29,7 +29,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from typing import TYPE_CHECKING, Any
 
-from snapshotter import errors
+from snapshotter import errors, metrics
 from snapshotter.coordinator import detect
 from snapshotter.coordinator.agents import AgentHandle, on_all, open_rdzv_req
 from snapshotter.coordinator.decisions import JobPhase
@@ -334,6 +334,10 @@ class MigrateOperation(FreezeOperation):
 def migrate(c: Coordinator, req: pb.MigrateRequest) -> Iterator[pb.MigrateEvent]:
     """Move the ranks of node `req.node` (or only rank `req.rank`) of a running job onto
     node `req.to`."""
+    return metrics.observed("migrate", _migrate(c, req))
+
+
+def _migrate(c: Coordinator, req: pb.MigrateRequest) -> Iterator[pb.MigrateEvent]:
     rec = c.job(req.job_id)
     source, target, ranks, src_name = _check(c, req, rec)
     with c.holding(rec, JobPhase.MIGRATING):

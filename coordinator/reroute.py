@@ -28,7 +28,7 @@ import time
 from collections.abc import Iterator, Sequence
 from typing import TYPE_CHECKING
 
-from snapshotter import errors
+from snapshotter import errors, metrics
 from snapshotter.coordinator import detect
 from snapshotter.coordinator.agents import AgentHandle, on_all
 from snapshotter.coordinator.decisions import (
@@ -176,7 +176,7 @@ def reroute(
         op = RerouteOperation(rec.spec, handles, c.store, settings, frm, to, bridge)
         op.plane = frm  # a failure resumes the ranks where they were
         try:
-            for _ in op.run():
+            for _ in metrics.observed("reroute", op.run()):
                 pass
         except errors.SnapshotterError as e:
             out.error = str(e.cause)

@@ -8,7 +8,7 @@ from __future__ import annotations
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from snapshotter import errors
+from snapshotter import errors, metrics
 from snapshotter.agent.fencing import Fence
 from snapshotter.agent.node import NodeAgent
 from snapshotter.launch.env import RdzvAddress
@@ -93,7 +93,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
     def Upload(self, req: agent_pb2.UploadRequest, ctx: Any) -> Iterator[agent_pb2.UploadEvent]:
         seal = convert.seal_of(req.seal) if req.HasField("seal") else None
-        return self.agent.freezes.upload(req.job_id, req.freeze_id, req.snapshot_id, seal)
+        return metrics.transfers("upload", self.agent.freezes.upload(
+            req.job_id, req.freeze_id, req.snapshot_id, seal))
 
     def DiscardUpload(self, req: agent_pb2.FreezeRef, ctx: Any) -> common_pb2.Empty:
         self.agent.freezes.discard_upload(req.freeze_id)
@@ -111,8 +112,9 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     def Fetch(self, req: agent_pb2.FetchRequest, ctx: Any) -> Iterator[agent_pb2.FetchEvent]:
         uncommitted = {n: convert.plain(s) for n, s in req.uncommitted.items()}
         seal = convert.seal_of(req.seal) if req.HasField("seal") else None
-        return self.agent.thaws.fetch(req.snapshot_id, list(req.streams), uncommitted or None,
-                                      digest=req.manifest_sha256, seal=seal)  # fmt: skip
+        return metrics.transfers("fetch", self.agent.thaws.fetch(
+            req.snapshot_id, list(req.streams), uncommitted or None, digest=req.manifest_sha256,
+            seal=seal))
 
     def DiscardFetch(self, req: agent_pb2.FetchRef, ctx: Any) -> common_pb2.Empty:
         self.agent.thaws.discard(req.op)

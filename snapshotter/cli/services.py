@@ -41,6 +41,12 @@ def duration(v: str) -> float:
     return float(m.group(1)) * _UNIT[m.group(2)]
 
 
+def _metrics_arg(p: argparse.ArgumentParser, port: str) -> None:
+    p.add_argument("--metrics-listen", default=None, metavar="HOST:PORT",
+                   help=f"serve Prometheus metrics at /metrics (e.g. 127.0.0.1:{port}; beyond "
+                   "loopback over HTTPS to clients with a certificate of the --tls-dir CA)")
+
+
 def _tls_args(p: argparse.ArgumentParser, who: str) -> None:
     g = p.add_argument_group("TLS (mutual) and tokens")
     g.add_argument("--tls-dir", default=None,
@@ -91,6 +97,7 @@ def cmd_coordinator(a: argparse.Namespace) -> int:
         audit_log=Paths(default_home()).audit_log,
         tenants_file=Paths(default_home()).tenants_file,
         webhooks_file=Paths(default_home()).webhooks_file,
+        metrics_listen=a.metrics_listen,
     )
     return daemon.serve_coordinator(cfg)
 
@@ -152,6 +159,7 @@ def cmd_agent(a: argparse.Namespace) -> int:
         heartbeat_s=a.heartbeat,
         freeze_lease_s=a.freeze_lease,
         policy=ExecPolicy.default(a.allow_python, a.allow_cwd),
+        metrics_listen=a.metrics_listen,
     )
     return daemon.serve_agent(cfg)
 
@@ -257,6 +265,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                     help="seconds without a heartbeat before a node is not placed on")
     co.add_argument("--agent-token-file", default=None,
                     help="a token to present to agents that listen on loopback without TLS")
+    _metrics_arg(co, "9464")
     _tls_args(co, "the coordinator")
 
     ag = sub.add_parser("agent", parents=[common],
@@ -289,6 +298,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                     help="run without a keeper: the agent's ranks then end with it (by default "
                     "a keeper process holds their pipes and restarts a crashed agent, which "
                     "re-adopts them; SIGHUP to it restarts the agent for an upgrade)")
+    _metrics_arg(ag, "9465")
     _tls_args(ag, "the agent")
 
     ce = sub.add_parser("certs", help="make certificates for a cluster")

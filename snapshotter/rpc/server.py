@@ -28,6 +28,7 @@ import logging
 import os
 import socket
 import sys
+import time
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass
@@ -39,7 +40,7 @@ from google.protobuf.message import DecodeError
 from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
-from snapshotter import __version__, errors
+from snapshotter import __version__, errors, metrics
 from snapshotter.rpc import auth, status
 from snapshotter.rpc.audit import REFUSALS, AuditLog
 from snapshotter.rpc.tls import TlsFiles
@@ -133,6 +134,8 @@ class _Checks(grpc.ServerInterceptor):
         self.extra = extra
         self.audit = audit
         self.rights = auth.method_rights()
+        self.metrics = metrics.RPC[kind] if kind in metrics.RPC else metrics.RpcMetrics(
+            metrics.CollectorRegistry())  # another kind (tests' fakes): counted, not served
 
     def intercept_service(
         self, continuation: Callable[[Any], Any], details: grpc.HandlerCallDetails
@@ -173,24 +176,39 @@ class _Checks(grpc.ServerInterceptor):
                 ) from e
             return request, who
 
+        @contextlib.contextmanager
+        def counted() -> Iterator[list[str]]:
+            """The call's duration and code into the service's metrics (metrics.py)."""
+            t0 = time.monotonic()
+            outcome = ["abandoned"]  # a stream whose caller went away ends without either
+            self.metrics.in_flight.labels(method.rsplit("/", 1)[-1]).inc()
+            try:
+                yield outcome
+                outcome[0] = "ok" if outcome[0] == "abandoned" else outcome[0]
+            finally:
+                self.metrics.in_flight.labels(method.rsplit("/", 1)[-1]).dec()
+                self.metrics.observe(method, outcome[0], time.monotonic() - t0)
+
         if handler.unary_unary is not None:
             inner = handler.unary_unary
 
             def unary(raw: bytes, context: grpc.ServicerContext) -> Any:
                 who: auth.Identity | None = None
                 request: Any = None
-                try:
-                    request, who = admit(raw, context)
-                    token = _CALL.set((context, who))
+                with counted() as outcome:
                     try:
-                        reply = inner(request, context)
-                    finally:
-                        _CALL.reset(token)
-                    audited(who, request, None)
-                    return reply
-                except Exception as e:  # noqa: BLE001 - every failure becomes a status
-                    audited(who, request, e)
-                    context.abort_with_status(status.to_status(e))
+                        request, who = admit(raw, context)
+                        token = _CALL.set((context, who))
+                        try:
+                            reply = inner(request, context)
+                        finally:
+                            _CALL.reset(token)
+                        audited(who, request, None)
+                        return reply
+                    except Exception as e:  # noqa: BLE001 - every failure becomes a status
+                        outcome[0] = str(getattr(e, "code", "internal"))
+                        audited(who, request, e)
+                        context.abort_with_status(status.to_status(e))
 
             return grpc.unary_unary_rpc_method_handler(
                 unary, response_serializer=handler.response_serializer
@@ -201,17 +219,19 @@ class _Checks(grpc.ServerInterceptor):
             def stream(raw: bytes, context: grpc.ServicerContext) -> Iterator[Any]:
                 who: auth.Identity | None = None
                 request: Any = None
-                try:
-                    request, who = admit(raw, context)
-                    token = _CALL.set((context, who))
+                with counted() as outcome:
                     try:
-                        yield from inner_s(request, context)
-                    finally:
-                        _CALL.reset(token)
-                    audited(who, request, None)
-                except Exception as e:  # noqa: BLE001
-                    audited(who, request, e)
-                    context.abort_with_status(status.to_status(e))
+                        request, who = admit(raw, context)
+                        token = _CALL.set((context, who))
+                        try:
+                            yield from inner_s(request, context)
+                        finally:
+                            _CALL.reset(token)
+                        audited(who, request, None)
+                    except Exception as e:  # noqa: BLE001
+                        outcome[0] = str(getattr(e, "code", "internal"))
+                        audited(who, request, e)
+                        context.abort_with_status(status.to_status(e))
 
             return grpc.unary_stream_rpc_method_handler(
                 stream, response_serializer=handler.response_serializer

@@ -132,15 +132,27 @@ def test_s3_down_during_upload_then_back(deployment: Deployment, tmp_path: Path)
                         "--workers", "0", nodes="a,b")  # fmt: skip
     try:
         cli.wait_step(job, 20)
+        coord0, agent0 = deployment.metrics(), deployment.metrics("a")
         op = Op(deployment, "freeze", job)
         op.wait_phase("upload")
         server.crash()
         try:
+            # Both endpoints, scraped over TLS as Prometheus would, during the freeze: its
+            # phases counted on the coordinator, the node's dump on its agent.
+            coord1, agent1 = deployment.metrics(), deployment.metrics("a")
             code, res = op.result(timeout=300)
         finally:
             server.revive()
+        for phase in ("prepare", "dump", "upload"):
+            key = f'snapshotter_operation_phases_total{{op="freeze",phase="{phase}"}}'
+            assert coord1[key] == coord0.get(key, 0) + 1, (key, coord1)
+        dumps = 'snapshotter_rpc_seconds_count{code="ok",method="Dump"}'
+        assert agent1[dumps] == agent0.get(dumps, 0) + 1
+        assert coord1['snapshotter_agents{state="live"}'] == 3
         # The freeze failed on the store and says so; the job never stopped training.
         assert code == 8 and res["error"]["code"] == "storage_unavailable", res
+        failed = 'snapshotter_operations_total{op="freeze",outcome="storage_unavailable"}'
+        assert deployment.metrics()[failed] == coord0.get(failed, 0) + 1
         assert cli.json("status", job)["state"] == "RUNNING"
         at = cli.last_step(job)
         cli.wait_step(job, at + 5, timeout=120)
@@ -151,6 +163,17 @@ def test_s3_down_during_upload_then_back(deployment: Deployment, tmp_path: Path)
         cli.json("gc", "--delete", "--min-age", "0")
         assert cli.json("gc", "--min-age", "0")["orphans"] == []
         assert cli.json("show", snap)["ranks"] == 4
+        coord2, agent2 = deployment.metrics(), deployment.metrics("a")
+        ok = 'snapshotter_operations_total{op="freeze",outcome="ok"}'
+        assert coord2[ok] == coord0.get(ok, 0) + 1
+        beats = 'snapshotter_agent_heartbeats_received_total{node="a"}'
+        assert coord2[beats] > coord0[beats]
+        sent = 'snapshotter_transfer_bytes_total{direction="upload",kind="raw"}'
+        assert agent2[sent] > agent0.get(sent, 0)
+        assert agent2['snapshotter_heartbeats_sent_total{outcome="ok"}'] > 0
+        # Without a client certificate of the cluster's CA, nothing is served.
+        with pytest.raises(AssertionError, match="curl of a's metrics"):
+            deployment.metrics("a", client=None)
     finally:
         cli.run("cancel", job, check=False)
 

@@ -39,6 +39,9 @@ from tests.support.procs import CENSUS, children, dead
 ROOT = Path(__file__).resolve().parents[2]
 COORD_PORT = 7070
 AGENT_PORT = 7071
+# Their Prometheus endpoints: HTTPS with a client certificate (node addresses are not loopback).
+COORD_METRICS_PORT = 9464
+AGENT_METRICS_PORT = 9465
 
 
 class MultiCli(SnapCli):
@@ -145,7 +148,8 @@ class Deployment:
         log = open(self.root / "coordinator.log", "ab")  # noqa: SIM115 - the child keeps it
         self.coord_proc = self.ctl.popen(
             [sys.executable, "-m", "snapshotter", "coordinator", "--listen", self.coordinator,
-             "--store", self.store_url, "--agent-ttl", "6", "--tls-dir", str(self.tls_dir)],
+             "--store", self.store_url, "--agent-ttl", "6", "--tls-dir", str(self.tls_dir),
+             "--metrics-listen", f"{self.ctl.ip}:{COORD_METRICS_PORT}"],
             env=self._env(self.root / "coord-home"), stdout=log, stderr=log, cwd=ROOT,
         )  # fmt: skip
         log.close()
@@ -160,6 +164,7 @@ class Deployment:
              "--coordinator", self.coordinator, "--name", name, "--store", self.store_url,
              "--heartbeat", "1", "--freeze-lease", str(self.freeze_lease_s),
              "--tls-dir", str(self.tls_dir), "--allow-cwd", str(ROOT),
+             "--metrics-listen", f"{node.ip}:{AGENT_METRICS_PORT}",
              *[f"--link={x}" for x in node.links]],
             env=self._env(self.home(name)), stdout=log, stderr=log, cwd=ROOT,
         )  # fmt: skip
@@ -204,6 +209,24 @@ class Deployment:
             return info is not None and set(names) <= set(info["agents"])
 
         self._wait(ready, f"agents {names} to register", None)
+
+    def metrics(self, node: str = "ctl", client: str | None = "clients/viewer"
+                ) -> dict[str, float]:  # fmt: skip
+        """The samples a service's metrics endpoint serves (the coordinator's for "ctl", else
+        that node's agent's), through curl as a scraper with a client certificate would."""
+        ip = self.cluster[node].ip
+        name, port = ("coordinator", COORD_METRICS_PORT) if node == "ctl" else (node,
+                                                                                AGENT_METRICS_PORT)
+        tls = self.tls(client or "clients/viewer")
+        mine = ["--cert", str(tls.cert), "--key", str(tls.key)] if client else []
+        out = subprocess.run(
+            ["curl", "-sS", "--fail", "--max-time", "20", "--cacert", str(tls.ca), *mine,
+             "--resolve", f"{name}:{port}:{ip}", f"https://{name}:{port}/metrics"],
+            capture_output=True, text=True, timeout=30,
+        )  # fmt: skip
+        if out.returncode != 0:
+            raise AssertionError(f"curl of {name}'s metrics: {out.stderr.strip()}")
+        return metric_samples(out.stdout)
 
     def ping(self, address: str | None = None) -> dict[str, Any] | None:
         c = coordinator_client(Target(address or self.coordinator, tls=self.tls()))
@@ -355,6 +378,16 @@ class Op:
             t.join(timeout=30)
         lines = "".join(self._stdout).strip().splitlines()
         return self.proc.returncode, json.loads(lines[-1]) if lines else {}
+
+
+def metric_samples(text: str) -> dict[str, float]:
+    """`name{labels}` -> value of each sample in a Prometheus text exposition."""
+    samples: dict[str, float] = {}
+    for line in text.splitlines():
+        m = re.fullmatch(r"([a-z_]+(?:\{[^}]*\})?) (\S+)", line)
+        if m:
+            samples[m.group(1)] = float(m.group(2))
+    return samples
 
 
 def skip_without_nodes() -> None:
