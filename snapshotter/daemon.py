@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from snapshotter import __version__, errors
+from snapshotter import __version__, errors, metrics, sdnotify
 from snapshotter.agent import service as agent_service
 from snapshotter.agent.allow import ExecPolicy
 from snapshotter.agent.fencing import Fence
@@ -238,6 +238,7 @@ class CoordinatorConfig:
     audit_log: Path | None = None  # where every action is recorded (rpc/audit.py)
     tenants_file: Path | None = None  # per-tenant limits (coordinator/quotas.py)
     webhooks_file: Path | None = None  # tenants' webhooks (coordinator/webhooks.py)
+    metrics_listen: str | None = None  # HOST:PORT of its Prometheus endpoint (metrics.py)
 
 
 def serve_coordinator(cfg: CoordinatorConfig) -> int:
@@ -253,6 +254,8 @@ def serve_coordinator(cfg: CoordinatorConfig) -> int:
                         keep_finished_jobs=keep_jobs(), keys_dir=cfg.keys_dir,
                         encrypt=cfg.encrypt, limits=TenantLimits(cfg.tenants_file),
                         webhooks=Webhooks(WebhookConfig(cfg.webhooks_file)))  # fmt: skip
+    metrics.watch_coordinator(coord.agent_census, coord.job_census)
+    exporter = _metrics(cfg.metrics_listen, metrics.COORDINATOR, cfg.listen, "coordinator")
     supervisor = Supervisor(coord, tick_s=supervise_tick())
     supervisor.start()
     stop = _stop_event()
@@ -264,13 +267,25 @@ def serve_coordinator(cfg: CoordinatorConfig) -> int:
         audit=None if cfg.audit_log is None else AuditLog(cfg.audit_log),
     )
     log.info("coordinator %s, epoch %s, store %s", server.address, token, cfg.store_url)
-    print(json.dumps({"coordinator": server.address, "fence": list(token)}), flush=True)
+    print(json.dumps({"coordinator": server.address, "fence": list(token),
+                      "metrics": exporter.address if exporter else None}), flush=True)  # fmt: skip
+    sdnotify.notify("READY=1", f"STATUS=serving {server.address}")
     try:
         stop.wait()
     finally:
+        sdnotify.notify("STOPPING=1")
         supervisor.stop()
         server.stop(2)
+        if exporter is not None:
+            exporter.stop()
     return 0
+
+
+def _metrics(listen: str | None, registry: metrics.CollectorRegistry, service: Listen,
+             kind: str) -> metrics.MetricsServer | None:  # fmt: skip
+    """The service's Prometheus endpoint, if asked for (over TLS with its own certificate
+    beyond loopback)."""
+    return None if listen is None else metrics.serve(listen, registry, service.tls, kind)
 
 
 def supervise_tick() -> float:
@@ -295,6 +310,7 @@ class AgentConfig:
     heartbeat_s: float = 2.0
     freeze_lease_s: float = 60.0
     policy: ExecPolicy = field(default_factory=ExecPolicy.default)
+    metrics_listen: str | None = None  # HOST:PORT of its Prometheus endpoint (metrics.py)
 
 
 def serve_agent(cfg: AgentConfig) -> int:
@@ -316,6 +332,7 @@ def serve_agent(cfg: AgentConfig) -> int:
         links=cfg.links,
     )
     agent = NodeAgent(settings, node_store(open_store(cfg.store_url), cfg.paths))
+    exporter = _metrics(cfg.metrics_listen, metrics.AGENT, cfg.listen, "agent")
     fence = Fence(on_newer=agent.freezes.expire_all)
     stop = _stop_event()
     server = serve(
@@ -343,6 +360,7 @@ def serve_agent(cfg: AgentConfig) -> int:
             )  # fmt: skip
             try:
                 reply = coord.stub.RegisterAgent(req, timeout=10)
+                metrics.HEARTBEATS_SENT.labels("ok").inc()
                 if down_since is not None:
                     log.info("coordinator %s is back", cfg.coordinator.address)
                 down_since = None
@@ -352,6 +370,7 @@ def serve_agent(cfg: AgentConfig) -> int:
                     except errors.Fenced:
                         pass  # an older coordinator answered: its calls stay refused
             except errors.SnapshotterError as e:
+                metrics.HEARTBEATS_SENT.labels(e.code).inc()
                 if down_since is None:
                     down_since = time.monotonic()
                     log.warning("coordinator %s: %s; retrying", cfg.coordinator.address, e)
@@ -361,9 +380,16 @@ def serve_agent(cfg: AgentConfig) -> int:
     watcher.start()
     log.info("agent %s on %s (ranks' network env %s)", cfg.name, server.address,
              settings.network_env)  # fmt: skip
-    print(json.dumps({"agent": cfg.name, "address": server.address}), flush=True)
+    print(json.dumps({"agent": cfg.name, "address": server.address,
+                      "metrics": exporter.address if exporter else None}), flush=True)  # fmt: skip
+    sdnotify.notify("READY=1", f"STATUS=serving {server.address}")
     try:
         stop.wait()
+        # A reload (SIGHUP) restarts only the agent: its keeper stays, and the new agent
+        # says READY=1 again.
+        doing = ("draining" if stop.signum == signal.SIGTERM else
+                 "restarting the agent" if stop.reload else "stopping")  # fmt: skip
+        sdnotify.notify("RELOADING=1" if stop.reload else "STOPPING=1", f"STATUS={doing}")
         if stop.signum == signal.SIGTERM and agent.jobs.running_ids():
             # Told to stop (a preemption, the node going away): the coordinator freezes this
             # node's jobs first (and, with --recover auto, thaws them elsewhere).
@@ -380,6 +406,8 @@ def serve_agent(cfg: AgentConfig) -> int:
         agent.shutdown(keep_ranks=stop.reload)
         server.stop(2)
         coord.close()
+        if exporter is not None:
+            exporter.stop()
     return 0
 
 
