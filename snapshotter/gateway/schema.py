@@ -14,7 +14,10 @@ from typing import Any
 from google.protobuf.descriptor import Descriptor, FieldDescriptor
 
 _NON_FINITE = {"type": "string", "enum": ["NaN", "Infinity", "-Infinity"]}
-_INT64 = {"oneOf": [{"type": "integer"}, {"type": "string", "pattern": r"^-?[0-9]+$"}]}
+# In range of int64 either way (a decimal string of up to 18 digits always is): protobuf's
+# JSON parser refuses a value beyond it, so the document must not call it valid.
+_INT64 = {"oneOf": [{"type": "integer", "minimum": -(2**63), "maximum": 2**63 - 1},
+                    {"type": "string", "pattern": r"^-?[0-9]{1,18}$"}]}  # fmt: skip
 _SCALARS: dict[int, dict[str, Any]] = {
     FieldDescriptor.TYPE_STRING: {"type": "string"},
     FieldDescriptor.TYPE_BOOL: {"type": "boolean"},
