@@ -138,19 +138,20 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
         return snapshots.delete(self.c.store, req.snapshot_id)
 
     def Tenants(self, req: common_pb2.Empty, ctx: Any) -> pb.TenantList:
+        # One look at the jobs (every agent answers) and the store (every manifest) for all.
+        jobs, snaps = self._holdings()
         mine = tenancy.scope()
         if mine is not None:
-            return pb.TenantList(tenants=[self._tenant(mine)])
-        names = {j.tenant for j in self.c.jobs().jobs}
-        names |= {s.tenant for s in snapshots.list_snapshots(self.c.store, "").snapshots}
-        names |= set(self.c.limits.all())
+            return pb.TenantList(tenants=[self._tenant(mine, jobs, snaps)])
+        names = {t for t, _, _ in jobs} | {t for t, _ in snaps} | set(self.c.limits.all())
         if self.c.webhooks is not None:
             names |= set(self.c.webhooks.config.all())
-        return pb.TenantList(tenants=[self._tenant(t) for t in sorted(names - {""})])
+        return pb.TenantList(tenants=[self._tenant(t, jobs, snaps)
+                                      for t in sorted(names - {""})])  # fmt: skip
 
     def ShowTenant(self, req: pb.TenantRef, ctx: Any) -> pb.TenantInfo:
         tenancy.check_tenant(tenants.check_name(req.tenant))
-        return self._tenant(req.tenant)
+        return self._tenant(req.tenant, *self._holdings())
 
     def SetTenant(self, req: pb.SetTenantRequest, ctx: Any) -> pb.TenantInfo:
         tenancy.require_cluster_scope("change a tenant's limits or webhook")
@@ -164,16 +165,21 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
                                              "run the coordinator with webhooks on")  # fmt: skip
             secret = self.c.webhooks.config.set(tenant, url)
         self.c.limits.set(tenant, limits)
-        info = self._tenant(tenant)
+        info = self._tenant(tenant, *self._holdings())
         if secret is not None:
             info.webhook_secret = secret
         return info
 
-    def _tenant(self, tenant: str) -> pb.TenantInfo:
+    def _holdings(self) -> tuple[list[tuple[str, bool, bool]], list[tuple[str, int]]]:
+        """(tenant, active, freezing) of every job; (tenant, stored bytes) of every snapshot."""
         jobs = [(j.tenant, not JobPhase(j.state).terminal, j.state == JobPhase.FREEZING.value)
                 for j in self.c.jobs().jobs]  # fmt: skip
         snaps = [(s.tenant, s.stored_bytes)
                  for s in snapshots.list_snapshots(self.c.store, "").snapshots]  # fmt: skip
+        return jobs, snaps
+
+    def _tenant(self, tenant: str, jobs: list[tuple[str, bool, bool]],
+                snaps: list[tuple[str, int]]) -> pb.TenantInfo:  # fmt: skip
         hook = None if self.c.webhooks is None else self.c.webhooks.config.get(tenant)
         held = tenants.tally(tenant, jobs, snaps)
         return tenants.describe(tenant, self.c.limits.get(tenant), held, hook.url if hook else None,

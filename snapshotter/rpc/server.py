@@ -181,12 +181,13 @@ class _Checks(grpc.ServerInterceptor):
             """The call's duration and code into the service's metrics (metrics.py)."""
             t0 = time.monotonic()
             outcome = ["abandoned"]  # a stream whose caller went away ends without either
-            self.metrics.in_flight.labels(method.rsplit("/", 1)[-1]).inc()
+            in_flight = self.metrics.in_flight.labels(method.rsplit("/", 1)[-1])
+            in_flight.inc()
             try:
                 yield outcome
                 outcome[0] = "ok" if outcome[0] == "abandoned" else outcome[0]
             finally:
-                self.metrics.in_flight.labels(method.rsplit("/", 1)[-1]).dec()
+                in_flight.dec()
                 self.metrics.observe(method, outcome[0], time.monotonic() - t0)
 
         if handler.unary_unary is not None:
