@@ -138,8 +138,10 @@ class Coordinator:
         self.writing: set[str] = set()
         # Snapshots a thaw reads now: never expired by a retention policy meanwhile.
         self.reading: set[str] = set()
-        # Nodes being drained: nothing new is placed there.
+        # Nodes being drained: nothing new is placed there; those whose agent drained itself,
+        # with that agent's incarnation (a new agent there ends the mark).
         self.draining: set[str] = set()
+        self.self_drained: dict[str, str] = {}
         # Data links an operator drained, by node (`snapshotter link drain`).
         self.drained_links: dict[str, set[str]] = {}
         # Set when a node reports a data link's state changed: the supervisor looks at once.
@@ -172,6 +174,10 @@ class Coordinator:
             fresh = old is None or old.address != req.address or old.incarnation != req.incarnation
             if fresh:
                 replaced = old
+                if self.self_drained.get(req.name) not in (None, req.incarnation):
+                    log.info("node %s is back (a new agent): its own drain ends", req.name)
+                    self.draining.discard(req.name)
+                    del self.self_drained[req.name]
                 old = AgentHandle(
                     name=req.name, address=req.address, host=req.host,
                     target=self.agent_target(req.address, req.name),
@@ -317,7 +323,7 @@ class Coordinator:
         reply = pb.NodeList()
         for a in agents:
             row = reply.nodes.add(name=a.name, address=a.address, live=self._live(a, now),
-                                  links=a.links,
+                                  links=a.links, draining=a.name in self.draining,
                                   drained_links=sorted(self.drained_links.get(a.name, ())))
             if a.seen is not None:
                 row.heartbeat_age_s = now - a.seen
@@ -666,14 +672,23 @@ class Coordinator:
             return True
         return True
 
-    def drain_mark(self, node: str) -> None:
-        """Nothing new is placed on `node` (`undrain` undoes it)."""
+    def drain_mark(self, node: str, by_itself: bool = False) -> None:
+        """Nothing new is placed on `node` (`undrain` undoes it). `by_itself`: the node's agent
+        drains itself as it stops (SIGTERM, a preStop hook): the mark ends with that agent,
+        so the node takes jobs again once a new agent registers; an operator's drain stays
+        until undone."""
         with self._lock:
+            a = self._agents.get(node)
+            if not by_itself:
+                self.self_drained.pop(node, None)
+            elif node not in self.draining and a is not None:
+                self.self_drained[node] = a.incarnation
             self.draining.add(node)
 
     def undrain(self, node: str) -> None:
         with self._lock:
             self.draining.discard(node)
+            self.self_drained.pop(node, None)
 
     # ---- freeze / thaw -----------------------------------------------------------------------
 

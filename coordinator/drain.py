@@ -117,7 +117,7 @@ def drain_job(c: Coordinator, rec: JobRecord, node: str, grace_s: float) -> pb.D
     return out
 
 
-def drain_node(c: Coordinator, req: pb.DrainRequest) -> pb.DrainReply:
+def drain_node(c: Coordinator, req: pb.DrainRequest, by_itself: bool = False) -> pb.DrainReply:
     """Every running job on `node` is frozen and stopped within the grace period, or
     falls back to its newest committed snapshot; with --recover auto it is thawed on
     other nodes. Nothing new is placed on the node from now on."""
@@ -131,7 +131,7 @@ def drain_node(c: Coordinator, req: pb.DrainRequest) -> pb.DrainReply:
     grace = req.grace_s if req.HasField("grace_s") else 30.0
     if grace <= 0:
         raise errors.InvalidArgument(f"--grace {grace} must be positive", "give seconds > 0")
-    c.drain_mark(node)
+    c.drain_mark(node, by_itself)
     # A job in a freeze or thaw (a policy snapshot, a recovery) is drained too, once that ends;
     # one the node's agent does not hold (it restarted and forgot it) has nothing there.
     running = [r for r in c.jobs_on(node) if c.phase_of(r) in DRAINED and c.holds(node, r)]
@@ -155,4 +155,4 @@ def drain_self(c: Coordinator, req: pb.DrainRequest) -> pb.DrainReply:
         raise errors.InvalidArgument(
             "an agent cannot undo a drain", "use `snapshotter drain NODE --undo`"
         )
-    return drain_node(c, req)
+    return drain_node(c, req, by_itself=True)

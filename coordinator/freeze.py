@@ -11,6 +11,10 @@
 
 Whatever fails, the job is either running as before or cleanly stopped behind a committed
 snapshot, and no manifest exists for an incomplete snapshot.
+
+Where the time went is kept as spans (`show --timeline`): each phase's call on each node, as
+the coordinator timed it, each rank's dump and each node's upload as its agent timed them, and
+the commit; the manifest keeps them in its meta as "spans" ([{node, rank, phase, start, end}]).
 """
 
 from __future__ import annotations
@@ -22,7 +26,7 @@ import time
 from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from datetime import UTC, datetime
-from typing import Any
+from typing import Any, TypeVar
 
 from snapshotter import errors
 from snapshotter.coordinator.agents import AgentHandle, merge_streams, on_all
@@ -38,6 +42,7 @@ from snapshotter.v1 import agent_pb2, common_pb2, coordinator_pb2
 
 log = logging.getLogger(__name__)
 pb = coordinator_pb2
+R = TypeVar("R")
 
 
 @dataclass(frozen=True)
@@ -121,6 +126,7 @@ class FreezeOperation:
         self._t_park = 0.0
         self._quiesce_s = 0.0
         self._targets: dict[str, int] = {}
+        self._spans: list[pb.Span] = []  # appended to from on_all's threads
         # The data-link plane the ranks rebuild on at a resume (None: the one they had; a
         # restarted agent re-adopts its ranks on plane 0, so the coordinator always says).
         self.plane: int | None = None
@@ -143,6 +149,21 @@ class FreezeOperation:
         if self.plane is not None:
             req.plane = self.plane
         return req
+
+    def _timed(self, phase: str, fn: Callable[[AgentHandle], R]) -> Callable[[AgentHandle], R]:
+        """`fn`, with how long it took on each agent kept as a span of `phase`."""
+
+        def timed(a: AgentHandle) -> R:
+            start = time.time()
+            try:
+                return fn(a)
+            finally:
+                self._span(a.name, phase, start, time.time())
+
+        return timed
+
+    def _span(self, node: str, phase: str, start: float, end: float, rank: int = -1) -> None:
+        self._spans.append(pb.Span(node=node, rank=rank, phase=phase, start=start, end=end))
 
     def run(self) -> Iterator[coordinator_pb2.FreezeEvent]:
         done = threading.Event()
@@ -195,7 +216,8 @@ class FreezeOperation:
         req = agent_pb2.PrepareRequest(
             job_id=self.spec.job_id, freeze_id=self.freeze_id, timeout_s=s.prepare_timeout
         )
-        out = on_all(self.agents, lambda a: a.stub.Prepare(req, timeout=s.prepare_timeout + 10))
+        out = on_all(self.agents, self._timed(
+            "prepare", lambda a: a.stub.Prepare(req, timeout=s.prepare_timeout + 10)))  # fmt: skip
         self._prepared = [a for a in self.agents if a.name in out.results]
         out.raise_first()
         counts: dict[int, dict[str, int]] = {}
@@ -209,7 +231,8 @@ class FreezeOperation:
             job_id=self.spec.job_id, freeze_id=self.freeze_id, targets=targets,
             timeout_s=s.quiesce_timeout,
         )  # fmt: skip
-        parked = on_all(self.agents, lambda a: a.stub.Park(park, timeout=s.quiesce_timeout + 10))
+        parked = on_all(self.agents, self._timed(
+            "park", lambda a: a.stub.Park(park, timeout=s.quiesce_timeout + 10)))  # fmt: skip
         parked.raise_first()
         missing = {rank: why for r in parked.results.values() for rank, why in r.missing.items()}
         if missing:
@@ -226,9 +249,9 @@ class FreezeOperation:
         yield _phase("suspend")
         self._suspended = True
         sus = self._phase_req(s.suspend_timeout)
-        on_all(
-            self.agents, lambda a: a.stub.Suspend(sus, timeout=s.suspend_timeout + 10)
-        ).raise_first()
+        on_all(self.agents, self._timed(
+            "suspend", lambda a: a.stub.Suspend(sus, timeout=s.suspend_timeout + 10)
+        )).raise_first()  # fmt: skip
 
     def _run(self) -> Iterator[coordinator_pb2.FreezeEvent]:
         t_start = time.monotonic()
@@ -239,9 +262,14 @@ class FreezeOperation:
 
         yield _phase("dump")
         t_dump = time.monotonic()
-        dumps = on_all(self.agents, lambda a: a.stub.Dump(self._ref(), timeout=None))
+        dumps = on_all(self.agents, self._timed(
+            "dump", lambda a: a.stub.Dump(self._ref(), timeout=None)))  # fmt: skip
         dumps.raise_first()
         dump_s = time.monotonic() - t_dump
+        for name, d in dumps.results.items():
+            for r in d.ranks:
+                if r.dump_end:  # 0: an agent of before per-rank times
+                    self._span(name, "dump", r.dump_start, r.dump_end, rank=r.rank)
         image_bytes = sum(r.image_bytes for d in dumps.results.values() for r in d.ranks)
 
         stall_s: float | None = None
@@ -271,6 +299,8 @@ class FreezeOperation:
                 streams.update(ev.uploaded.streams)
                 ranks.extend(ev.uploaded.ranks)
                 uploads.append(ev.uploaded.upload)
+                if ev.uploaded.upload.end:
+                    self._span(name, "upload", ev.uploaded.upload.start, ev.uploaded.upload.end)
                 put_keys.update(ev.uploaded.put_keys)
         if failures:
             raise _first(failures)
@@ -291,13 +321,21 @@ class FreezeOperation:
             "targets": targets,
             "ranks": [convert.plain(r) for r in sorted(ranks, key=lambda r: r.rank)],
             "nodes": [a.name for a in self.agents],
-            "stats": convert.plain(stats),
+            "stats": {k: v for k, v in convert.plain(stats).items() if k != "spans"},
         }
+        t_commit = time.time()
+
+        def spans() -> dict[str, Any]:
+            # The commit's span ends as the manifest is written: the last thing it can say.
+            self._span("", "commit", t_commit, time.time())
+            self._spans.sort(key=lambda sp: (sp.start, sp.node, sp.rank))
+            return {"spans": [convert.plain(sp) for sp in self._spans]}
+
         commit_snapshot(
             self.store, self.snapshot_id, {n: convert.plain(st) for n, st in streams.items()}, meta,
-            put_now=put_keys, signer=self._signer,
+            put_now=put_keys, signer=self._signer, stamp=spans,
             sealed=None if self.seal is None else fmt.Sealing(self.seal.tenant, self.seal.key_id),
-        )
+        )  # fmt: skip
         self._on_committed(self.snapshot_id)
 
         if self.stop:
@@ -305,8 +343,10 @@ class FreezeOperation:
         fin = agent_pb2.FinishFreezeRequest(
             job_id=self.spec.job_id, freeze_id=self.freeze_id, stop=self.stop, committed=True
         )
-        on_all(self.agents, lambda a: a.stub.FinishFreeze(fin, timeout=60))
+        on_all(self.agents, self._timed(
+            "finish", lambda a: a.stub.FinishFreeze(fin, timeout=60)))  # fmt: skip
         stats.total_s = time.monotonic() - t_start
+        stats.spans.extend(self._spans)
         yield pb.FreezeEvent(
             done=pb.FreezeDone(snapshot_id=self.snapshot_id, stopped=self.stop, stats=stats)
         )
@@ -314,7 +354,8 @@ class FreezeOperation:
     def _resume(self) -> None:
         s = self.settings
         req = self._phase_req(s.resume_timeout)
-        out = on_all(self.agents, lambda a: a.stub.Resume(req, timeout=s.resume_timeout + 10))
+        out = on_all(self.agents, self._timed(
+            "resume", lambda a: a.stub.Resume(req, timeout=s.resume_timeout + 10)))  # fmt: skip
         self._resumed = True
         if out.failures:
             first = _first(out.failures)

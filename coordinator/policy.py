@@ -405,6 +405,14 @@ class Due:
     wait_s: float | None  # seconds until due by the time rule; None when unknown or steps only
 
 
+def lag_s(s: PolicyState, now: float, interval_s: float | None) -> float:
+    """How late a policy snapshot starting `now` is: the seconds since the time rule made it
+    due (0 when the step rule made it due first, or the interval is not known yet)."""
+    if interval_s is None or s.anchor is None:
+        return 0.0
+    return max(0.0, now - (s.anchor + interval_s))
+
+
 def normalize(s: PolicyState, now: float, steps: int | None) -> PolicyState:
     """Fold what the caller just observed into the state, before `decide`.
 

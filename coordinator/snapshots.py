@@ -1,6 +1,10 @@
 """The snapshot catalogue as the coordinator serves it: committed snapshots are the store's
 manifests (snapshotter/storage/format.py), read here into typed messages; orphans of failed
-freezes are gc's (gc.py)."""
+freezes are gc's (gc.py).
+
+A freeze's spans (meta "spans", coordinator/freeze.py) are read by `show` only: a listing of
+every snapshot does not parse hundreds of them per snapshot. Manifests from before spans
+existed have none."""
 
 from __future__ import annotations
 
@@ -69,6 +73,9 @@ def show(store: ObjectStore, snapshot_id: str) -> pb.SnapshotDetail:
         targets={str(k): int(v) for k, v in (meta.get("targets") or {}).items()},
         rank_records=[convert.parse(r, common_pb2.RankRecord) for r in meta.get("ranks", [])],
         env_omitted=list(meta.get("env_omitted", [])),
+    )
+    detail.summary.stats.spans.extend(
+        convert.parse(s, pb.Span) for s in meta.get("spans") or [] if isinstance(s, dict)
     )
     return detail
 

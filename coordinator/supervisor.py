@@ -23,7 +23,7 @@ from collections.abc import Callable
 from dataclasses import asdict
 from typing import TYPE_CHECKING
 
-from snapshotter import errors
+from snapshotter import errors, metrics
 from snapshotter.config import gc_interval
 from snapshotter.coordinator import detect, gc, recover, reroute, snapshots
 from snapshotter.coordinator import policy as policies
@@ -199,6 +199,7 @@ class Supervisor:
             # It may be hanging: a freeze would wait on it and hide the hang; let detection
             # decide first.
             return
+        metrics.POLICY_LAG.observe(policies.lag_s(life.policy_state, now, interval))
         self._start(rec, "snapshot", lambda: self._snapshot(rec, pol))
 
     def _sample(self, rec: JobRecord, now: float) -> detect.Failure | None:

@@ -130,7 +130,10 @@ class ThawOperation:
                 ph.node = name
                 yield pb.ThawEvent(phase=ph)
             elif ev.HasField("progress"):
-                yield pb.ThawEvent(progress=ev.progress)
+                p = common_pb2.TransferProgress()
+                p.CopyFrom(ev.progress)
+                p.node = name
+                yield pb.ThawEvent(progress=p)
         if failures:
             self._discard(ops)
             raise next(iter(failures.values()))

@@ -86,6 +86,8 @@ fi
 # The command on PATH, for operators and for the systemd units (which name this path).
 ln -sfn "$VENV/bin/snapshotter" /usr/local/bin/snapshotter
 say "snapshotter $("$VENV/bin/snapshotter" --version | cut -d' ' -f2) at /usr/local/bin/snapshotter"
+# The Slurm wrapper (deploy/slurm): sbatch runs a copy of the batch script, which finds it here.
+install -m 0755 "$ROOT/deploy/slurm/snapshotter-slurm" /usr/local/bin/snapshotter-slurm
 
 if [ "$SYSTEMD" = 1 ]; then
   install -m 0644 "$ROOT"/deploy/systemd/snapshotter-*.service /etc/systemd/system/

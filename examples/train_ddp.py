@@ -25,6 +25,7 @@ import time
 import torch
 import torch.distributed as dist
 import torch.nn as nn
+from torch.distributed.elastic.multiprocessing.errors import record
 from torch.nn.parallel import DistributedDataParallel as DDP
 from torch.utils.data import DataLoader, DistributedSampler, TensorDataset
 
@@ -114,6 +115,7 @@ class DcpCheckpoints:
         return int(at["step"]), int(at["epoch"])
 
 
+@record  # an uncaught exception is written to TORCHELASTIC_ERROR_FILE, as under torchrun
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--steps", type=int, default=300)

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from snapshotter import __version__, errors, metrics, sdnotify
+from snapshotter import __version__, errors, metrics, sdnotify, servicelog
 from snapshotter.agent import service as agent_service
 from snapshotter.agent.allow import ExecPolicy
 from snapshotter.agent.fencing import Fence
@@ -411,21 +411,13 @@ def serve_agent(cfg: AgentConfig) -> int:
     return 0
 
 
-def setup_logging() -> None:
-    logging.basicConfig(
-        level=logging.INFO,
-        format="%(asctime)s %(levelname)s %(name)s: %(message)s",
-        stream=sys.stderr,
-    )
-
-
 def main(argv: list[str] | None = None) -> int:
     ap = argparse.ArgumentParser(prog="snapshotter-daemon")
     ap.add_argument("mode", choices=["embedded"])
     ap.add_argument("--home", default=None)
     ap.add_argument("--bind-host", default="127.0.0.1")
     a = ap.parse_args(argv)
-    setup_logging()
+    servicelog.setup()
     bound_malloc()
     paths = Paths(Path(a.home).resolve() if a.home else default_home())
     try:

@@ -27,7 +27,8 @@ Requests are one JSON object per SOCK_SEQPACKET message (fds ride along), answer
     {"op":"rerdzv","job_id":J,"remote_rdzv":[H,P]} -> {"ok":true,"changed":N}
                                            (where J's rendezvous server is now: it moved)
 
-It imports nothing but the standard library and snapshotter.sandbox.spawn's subreaper call:
+It imports nothing but the standard library, snapshotter.sandbox.spawn's subreaper call and
+snapshotter.servicelog (stdlib only):
 it must stay small, and it is never upgraded while jobs run.
 """
 
@@ -47,6 +48,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
+
+from snapshotter import servicelog
 
 log = logging.getLogger("snapshotter.keeper")
 ENV = "SNAPSHOTTER_KEEPER"  # the socket's path, for the agent it starts
@@ -336,8 +339,7 @@ def main(argv: list[str] | None = None) -> int:
     cmd = a.command[1:] if a.command[:1] == ["--"] else a.command
     if not cmd:
         ap.error("give the agent's command after --")
-    fmt = "%(asctime)s %(levelname)s %(name)s: %(message)s"
-    logging.basicConfig(level=logging.INFO, format=fmt)
+    servicelog.setup()
     return Keeper(Path(a.socket), cmd).run()
 
 

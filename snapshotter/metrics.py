@@ -72,6 +72,9 @@ IMAGE_BYTES = Counter("snapshotter_operation_image_bytes", "image bytes operatio
                       ["op"], registry=COORDINATOR)  # fmt: skip
 STALL_SECONDS = Histogram("snapshotter_freeze_stall_seconds", "how long freezes held the job",
                           registry=COORDINATOR, buckets=_BUCKETS)  # fmt: skip
+POLICY_LAG = Histogram("snapshotter_policy_lag_seconds", "how late policy snapshots started "
+                       "after they were due (the supervisor's tick, a busy job, a backoff)",
+                       registry=COORDINATOR, buckets=_BUCKETS)  # fmt: skip
 JOB_EVENTS = Counter("snapshotter_job_events", "job events by kind (recovered, gave_up, "
                      "snapshot, failure...)", ["kind"], registry=COORDINATOR)  # fmt: skip
 HEARTBEATS = Counter("snapshotter_agent_heartbeats_received", "agents' heartbeats", ["node"],

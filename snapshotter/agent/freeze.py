@@ -33,6 +33,7 @@ from snapshotter.procutil import STOPPED_STATES, lower_this_thread
 from snapshotter.rpc import convert
 from snapshotter.sandbox import criu, files
 from snapshotter.sandbox.spawn import PRIVATE_TMP
+from snapshotter.storage import dirstream
 from snapshotter.storage import format as fmt
 from snapshotter.storage.api import ObjectStore
 from snapshotter.storage.format import StreamInfo
@@ -103,6 +104,15 @@ class Freeze:
 
 
 _SEEDS_KEPT = 64
+
+
+def _raw_total(fr: Freeze) -> int:
+    """The raw bytes the upload of `fr` stores: each rank's images as the tar stream the
+    writer makes of them, deduplicated chunks included (0: not known)."""
+    try:
+        return sum(dirstream.tar_size(fr.work / r.stream) for r in fr.records.values())
+    except OSError:
+        return 0  # the upload itself then fails on the same tree and says why
 
 
 class Freezes:
@@ -249,7 +259,7 @@ class Freezes:
             def one(r: RankRuntime) -> common_pb2.RankRecord:
                 images = fr.work / f"rank-{r.rank}"
                 images.mkdir(parents=True, exist_ok=True)
-                t0 = time.monotonic()
+                t0, start = time.monotonic(), time.time()
                 criu.dump(
                     r.sandbox.pid, images, leave_running=True, log_dir=logs / images.name,
                     while_stopped=lambda img: files.keep_written_files(img, [str(PRIVATE_TMP)]),
@@ -263,6 +273,8 @@ class Freezes:
                     init_cwd=r.init_cwd,
                     image_bytes=sum(f.stat().st_size for f in images.rglob("*") if f.is_file()),
                     dump_s=time.monotonic() - t0,
+                    dump_start=start,
+                    dump_end=time.time(),
                 )
                 fr.records[r.rank] = rec
                 return rec
@@ -348,6 +360,7 @@ class Freezes:
         events: list[agent_pb2.UploadEvent] = []
         cv = threading.Condition()
         result: dict[str, object] = {}
+        total = 0  # raw bytes of all this node's streams, known before the first chunk
 
         def progress(p: Progress) -> None:
             ev = agent_pb2.UploadEvent(
@@ -355,6 +368,8 @@ class Freezes:
                     node=self.node, stream=p.stream, raw_bytes=p.total_raw_bytes,
                     stored_bytes=p.total_stored_bytes, rate=p.raw_rate,
                     uploaded_bytes=p.uploaded_bytes,
+                    # Never below what was counted: a tree changed since it was measured.
+                    total_bytes=max(total, p.total_raw_bytes) if total else 0,
                 )
             )  # fmt: skip
             with cv:
@@ -366,9 +381,11 @@ class Freezes:
         background = fr.phase is P.RESUMED
 
         def work() -> None:
+            nonlocal total
             try:
                 if background:
                     lower_this_thread(self.upload_nice)
+                total = _raw_total(fr)
                 seed = self._seed(fr.job_id)
                 writer = SnapshotWriter(self.store, snapshot_id, progress=progress, seed=seed,
                                         seal=seal)  # fmt: skip

@@ -19,6 +19,7 @@ from snapshotter.agent.runtime import JobTable, NodeJob
 from snapshotter.agent.sandboxes import Sandboxes
 from snapshotter.config import Paths
 from snapshotter.launch.env import RdzvAddress, placements, rank_argv, rank_env
+from snapshotter.launch.rootcause import error_file
 from snapshotter.launch.spec import JobSpec
 from snapshotter.rpc.server import caller_active
 from snapshotter.sandbox.spawn import PRIVATE_TMP, spawn
@@ -81,9 +82,10 @@ class Launcher:
         spec = job.spec
         for p in placements(spec.nnodes, spec.nproc_per_node, job.node_rank):
             check_launch(spec.job_id, cancelled)
-            env = rank_env(spec.env, p, job.rdzv_address, spec.job_id, self.node_env(job.plane))
-            argv = rank_argv(spec.python, spec.script, spec.script_args, spec.module)
             init_cwd = self.paths.init_cwd(f"{spec.job_id}-r{p.rank}-{uuid.uuid4().hex[:8]}")
+            env = rank_env(spec.env, p, job.rdzv_address, spec.job_id, self.node_env(job.plane),
+                           error_file(spec.env, str(init_cwd)))  # fmt: skip
+            argv = rank_argv(spec.python, spec.script, spec.script_args, spec.module)
             self.sandboxes.reserve(init_cwd)
             try:
                 sb = spawn(

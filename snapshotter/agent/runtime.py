@@ -10,7 +10,9 @@ from __future__ import annotations
 
 import enum
 import logging
+import os
 import signal
+import stat
 import threading
 import time
 from collections.abc import Callable
@@ -22,6 +24,7 @@ from snapshotter.agent import retention
 from snapshotter.agent.logs import KeptPump, LogPump
 from snapshotter.agent.rankctl import RankChannel
 from snapshotter.agent.rdzv import RdzvServer
+from snapshotter.launch import rootcause
 from snapshotter.launch.env import RankPlacement, RdzvAddress
 from snapshotter.launch.spec import JobSpec
 from snapshotter.sandbox.spawn import Sandbox
@@ -56,20 +59,44 @@ class RankRuntime:
     """One rank as the agent holds it. Owns its sandbox (the init as a child, a pidfd), its
     control channel, its log pump and whatever `cleanups` the agent attached (the orphan
     record, the init's working directory); `close()` releases all of them once the sandbox
-    has exited."""
+    has exited. A rank that failed keeps the root cause its `@record` wrote to `error_file`
+    (launch/rootcause.py) in `error` and `error_time`."""
 
     placement: RankPlacement
     sandbox: Sandbox
     channel: RankChannel
     pump: LogPump | KeptPump
     init_cwd: str
+    error_file: str = ""
     exit_code: int | None = None
+    error: str = ""
+    error_time: float = 0.0
     cleanups: list[Callable[[], None]] = field(default_factory=list)
     _closed: bool = False
 
     @property
     def rank(self) -> int:
         return self.placement.rank
+
+    def read_error(self) -> None:
+        """Keep the root cause in the rank's error file, if it wrote one (read before the
+        sandbox's directory, where it lies, goes with `close()`)."""
+        if not self.error_file:
+            return
+        try:
+            data = _read_regular(self.error_file, rootcause.MAX_FILE_BYTES)
+        except OSError as e:
+            log.warning("rank %d: cannot read its error file %s: %s", self.rank,
+                        self.error_file, e)  # fmt: skip
+            return
+        if data is None:
+            return
+        cause = rootcause.parse(data)
+        if cause is None:
+            log.warning("rank %d: its error file %s is not torch's format", self.rank,
+                        self.error_file)  # fmt: skip
+            return
+        self.error, self.error_time = cause.error, cause.time
 
     def close(self) -> None:
         if self._closed:
@@ -117,6 +144,8 @@ class NodeJob:
 
     def _wait_rank(self, r: RankRuntime) -> None:
         code = r.sandbox.wait()
+        if code != 0:
+            r.read_error()  # before its exit shows: a status that shows the exit shows why
         with self._cv:
             r.exit_code = code
             if r not in self.ranks:  # let go: it runs on another node now
@@ -262,6 +291,8 @@ class NodeJob:
                     pid=r.sandbox.pid,
                     exit_code=r.exit_code,
                     failed_first=r.rank == self.failed_first,
+                    error=r.error,
+                    error_time=r.error_time,
                 )  # fmt: skip
                 for r in self.ranks
             ],
@@ -347,3 +378,19 @@ class JobTable:
             for j in gone:
                 del self._jobs[j]
             return [j for j in gone if not self._live(j)]
+
+
+def _read_regular(path: str, limit: int) -> bytes | None:
+    """At most `limit` bytes of the regular file `path`; None if there is none (a path the
+    job chose may name anything: a FIFO must not block the rank's watcher).
+
+    Raises: OSError other than the file not existing.
+    """
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_CLOEXEC | os.O_NOCTTY)
+    except FileNotFoundError:
+        return None
+    with os.fdopen(fd, "rb") as f:
+        if not stat.S_ISREG(os.fstat(fd).st_mode):
+            return None
+        return f.read(limit)

@@ -27,6 +27,7 @@ from snapshotter.agent.rdzv import RdzvServer
 from snapshotter.agent.runtime import JobTable, NodeJob, RankRuntime
 from snapshotter.config import Paths
 from snapshotter.launch.env import RankPlacement, RdzvAddress
+from snapshotter.launch.rootcause import error_file
 from snapshotter.launch.spec import JobSpec
 from snapshotter.sandbox.spawn import Sandbox
 
@@ -87,6 +88,7 @@ class Sandboxes:
             channel=RankChannel(p.rank, ctl_in, ctl_out),
             pump=pump,
             init_cwd=init_cwd,
+            error_file=error_file(job.spec.env, init_cwd),
         )
         if self.keeper is not None:
             rt.cleanups.append(lambda: keeper.release(cleanup_key))
@@ -144,7 +146,8 @@ class Sandboxes:
             sb = AdoptedSandbox(int(e["pid"]), self.keeper, inodes, str(e.get("start") or ""))
             ctl_in, ctl_out = self.keeper.fetch(e["key"])
             rt = RankRuntime(placement=p, sandbox=sb, channel=RankChannel(p.rank, ctl_in, ctl_out),
-                             pump=KeptPump(), init_cwd=init_cwd)  # fmt: skip
+                             pump=KeptPump(), init_cwd=init_cwd,
+                             error_file=error_file(spec.env, init_cwd))  # fmt: skip
             rt.cleanups.extend(self._readopted_cleanups(str(e["key"]), sb.pid, init_cwd))
             job.ranks.append(rt)
         return job

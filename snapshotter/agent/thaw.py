@@ -4,7 +4,8 @@ rendezvous address and network settings).
 
 No process starts before every chunk verified; a failed restore leaves no process behind and
 the snapshot untouched. A fetch that is never restored nor discarded (its coordinator died)
-expires in the agent's housekeeping.
+expires in the agent's housekeeping. A fetch (or a migration's receive) reports the raw bytes
+it moved of the total it knows every PROGRESS_EVERY_S, and once more when it is complete.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from snapshotter.agent.runtime import JobTable, NodeJob, NodeJobState, RankRunti
 from snapshotter.agent.sandboxes import Sandboxes
 from snapshotter.config import Paths
 from snapshotter.gpu.stage import GpuStage, records_of
+from snapshotter.launch import rootcause
 from snapshotter.launch.env import RankPlacement, RdzvAddress
 from snapshotter.launch.spec import JobSpec
 from snapshotter.rpc import convert
@@ -38,6 +40,8 @@ from snapshotter.storage.api import ObjectStore
 from snapshotter.storage.sealing import Seal
 from snapshotter.storage.transfer import SnapshotReader
 from snapshotter.v1 import agent_pb2, common_pb2
+
+PROGRESS_EVERY_S = 0.5  # how often a fetch or receive in progress reports its bytes
 
 
 class Thaws:
@@ -92,13 +96,36 @@ class Thaws:
         try:
             yield agent_pb2.FetchEvent(phase=common_pb2.PhaseEvent(phase="fetch", node=self.node))
             manifest = reader.manifest()  # the store decides what the snapshot is
+            mine = [manifest.streams[s] for s in streams if s in manifest.streams]
+            total = sum(s.raw_size for s in mine)
+            stored = sum(s.stored_size for s in mine)
+            got = _Count()
+
+            def sample() -> agent_pb2.FetchEvent:
+                n = got.value
+                return agent_pb2.FetchEvent(progress=common_pb2.TransferProgress(
+                    node=self.node, raw_bytes=n, total_bytes=total,
+                    # Chunks are counted raw: the stored bytes are their share of the stored
+                    # total (exact at the start and the end).
+                    stored_bytes=stored * n // total if total else 0,
+                    rate=n / max(time.monotonic() - began, 1e-6)))  # fmt: skip
+
+            began = time.monotonic()
             if self.copies is not None and uncommitted is None:
                 work.mkdir(parents=True, exist_ok=True)
                 local = self.copies.take(manifest, streams, work, self.parallelism, seal)
-            if not local:
+            if local:
+                got.add(total)
+                yield sample()
+            else:
                 # Streamed from the store into each rank's directory, every chunk checked
                 # before it is unpacked; nothing is staged.
-                reader.fetch_and_extract({s: work / s for s in streams})
+                dests = {s: work / s for s in streams}
+                began = time.monotonic()
+                yield from _while_running(
+                    lambda: reader.fetch_and_extract(dests, progress=got.add), sample,
+                    name=f"fetch-{op}",
+                )  # fmt: skip
         except BaseException:
             shutil.rmtree(work, ignore_errors=True)
             raise
@@ -132,43 +159,29 @@ class Thaws:
         yield agent_pb2.FetchEvent(phase=common_pb2.PhaseEvent(phase="receive", node=self.node))
         client = agent_client(Target(source, tls=self.peer_tls, server_name=source_name),
                               peer="agent")  # fmt: skip
-        got = [0]
-        lock = threading.Lock()
-
-        def count(n: int) -> None:
-            with lock:
-                got[0] += n
+        got = _Count()
 
         def one(stream: str) -> int:
             req = agent_pb2.ImagesRequest(
                 job_id=job_id, freeze_id=freeze_id, ticket=ticket, stream=stream
             )
-            return handoff.receive(client.stub.ReadImages(req), work / stream, count)
+            return handoff.receive(client.stub.ReadImages(req), work / stream, got.add)
 
-        result: dict[str, object] = {}
+        def sample() -> agent_pb2.FetchEvent:
+            n = got.value
+            # `size` counts the same bytes (the images' file data); never below what came.
+            return agent_pb2.FetchEvent(progress=common_pb2.TransferProgress(
+                node=self.node, raw_bytes=n, stored_bytes=n,
+                total_bytes=max(size, n) if size else 0,
+                rate=n / max(time.monotonic() - t0, 1e-6)))  # fmt: skip
 
-        def work_all() -> None:
-            try:
-                parallel.each(streams, one, key=lambda st: st, workers=self.parallelism,
-                              name="receive").raise_first()  # fmt: skip
-            except BaseException as e:  # noqa: BLE001 - raised below
-                result["error"] = e
-            result["done"] = True
-
-        worker = threading.Thread(target=work_all, daemon=True, name=f"receive-{op}")
         try:
-            worker.start()
-            while worker.is_alive():
-                worker.join(0.5)
-                with lock:
-                    n = got[0]
-                yield agent_pb2.FetchEvent(progress=common_pb2.TransferProgress(
-                    node=self.node, raw_bytes=n, stored_bytes=n,
-                    rate=n / max(time.monotonic() - t0, 1e-6)))  # fmt: skip
-            if "error" in result:
-                raise result["error"]  # type: ignore[misc]
+            yield from _while_running(
+                lambda: parallel.each(streams, one, key=lambda st: st, workers=self.parallelism,
+                                      name="receive").raise_first(),
+                sample, name=f"receive-{op}",
+            )  # fmt: skip
         except BaseException:
-            worker.join()
             shutil.rmtree(work, ignore_errors=True)
             raise
         finally:
@@ -243,6 +256,10 @@ class Thaws:
                 files.prepare_restore(work / rec.stream, put_back_files, [str(PRIVATE_TMP)])
                 self.sandboxes.reserve(init_cwd)
                 try:
+                    # What a rank of this sandbox wrote before (the failure this thaw recovers
+                    # from) is not this rank's root cause; a path the job chose is left alone.
+                    if rootcause.VAR not in spec.env:
+                        (init_cwd / rootcause.FILE_NAME).unlink(missing_ok=True)
                     sb = criu.restore(
                         work / rec.stream, dict(rec.inodes), log_dir=logs / rec.stream,
                         netns=self.netns,
@@ -298,3 +315,48 @@ class Thaws:
             with self._lock:
                 self._fetched.pop(op, None)
             shutil.rmtree(work, ignore_errors=True)
+
+
+class _Count:
+    """Bytes moved so far, added to from several threads."""
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._n = 0
+
+    def add(self, n: int) -> None:
+        with self._lock:
+            self._n += n
+
+    @property
+    def value(self) -> int:
+        with self._lock:
+            return self._n
+
+
+def _while_running(
+    work: Callable[[], object], sample: Callable[[], agent_pb2.FetchEvent], name: str
+) -> Iterator[agent_pb2.FetchEvent]:
+    """Run `work` in a thread of its own, yielding `sample()` every PROGRESS_EVERY_S while it
+    runs and once more when it succeeded; what it raised is raised here. Closed early (the
+    caller went away), it waits for `work` to end, so that its files can be removed."""
+    failed: list[BaseException] = []
+
+    def run() -> None:
+        try:
+            work()
+        except BaseException as e:  # noqa: BLE001 - raised in the caller's thread below
+            failed.append(e)
+
+    worker = threading.Thread(target=run, daemon=True, name=name)
+    worker.start()
+    try:
+        while worker.is_alive():
+            worker.join(PROGRESS_EVERY_S)
+            if worker.is_alive():
+                yield sample()
+    finally:
+        worker.join()
+    if failed:
+        raise failed[0]
+    yield sample()

@@ -13,17 +13,17 @@ import os
 import sys
 import threading
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from pathlib import Path
 from typing import Any
 
 from snapshotter import __version__, errors
 from snapshotter.cli import gc as gc_cli
 from snapshotter.cli import keys as keys_cli
-from snapshotter.cli import preempt, services, supervise
+from snapshotter.cli import preempt, progress, services, supervise, torchrun
 from snapshotter.cli import tenants as tenants_cli
 from snapshotter.cli.connect import coordinator, stop_embedded
-from snapshotter.cli.output import Msg, ProgressLine, emit_result, human_bytes, table
+from snapshotter.cli.output import Msg, emit_result, human_bytes, table
 from snapshotter.config import Paths, default_home
 from snapshotter.launch.spec import validate_job_id
 from snapshotter.rpc.client import Client
@@ -65,14 +65,6 @@ def _positive(flag: str, v: str) -> int:
     return n
 
 
-def _nproc(v: str) -> int:
-    if v in ("auto", "cpu", "gpu"):
-        if v == "gpu":
-            return max(1, _gpu_count())
-        return 1 if v == "cpu" else max(1, _gpu_count() or 1)
-    return _positive("--nproc-per-node", v)
-
-
 def _gpu_count() -> int:
     try:
         return len([d for d in os.listdir("/dev") if d.startswith("nvidia") and d[6:].isdigit()])
@@ -81,18 +73,9 @@ def _gpu_count() -> int:
 
 
 def cmd_run(a: argparse.Namespace) -> int:
-    if a.no_python:
-        raise errors.InvalidArgument(
-            "--no-python is not supported: ranks run through the Python bootstrap that makes "
-            "them freezable",
-            "run a Python script or module",
-        )
-    if a.master_addr or a.master_port or a.rdzv_endpoint:
-        print(
-            "note: the rendezvous server is owned by snapshotter (so it survives thaw); "
-            "--master-addr/--master-port/--rdzv-endpoint are ignored",
-            file=sys.stderr,
-        )
+    for note in torchrun.check(a):
+        print(f"note: {note}", file=sys.stderr)
+    routing = torchrun.output(a)
     job_id = a.job_id or a.rdzv_id or ""
     if job_id:
         validate_job_id(job_id)
@@ -108,50 +91,225 @@ def cmd_run(a: argparse.Namespace) -> int:
         cwd=os.getcwd(),
         env=dict(os.environ),
         nnodes=_nnodes(a.nnodes),
-        nproc_per_node=_nproc(a.nproc_per_node),
+        nproc_per_node=torchrun.nproc(str(a.nproc_per_node), gpus=_gpu_count()),
         nodes=a.nodes.split(",") if a.nodes else [],
         recovery=supervise.recovery_from_flags(a),
         tenant=a.tenant or "",
         provider_opt_out=a.no_provider_snapshots,
     )
     req.policy.CopyFrom(supervise.policy_from_flags(a)[0])
+    if a.role != "default":
+        req.env["SNAPSHOTTER_ROLE"] = a.role
+    preempt_on = preempt.signal_names(a.preempt_signal)
+    node = _per_node_launch(a, job_id, req.nnodes)
     c = _client()
-    st = c.stub.Run(req, timeout=180)
-    job = st.job_id
-    if a.detach:
-        emit_result(plain(st), a.json, job, f"started job {job} ({len(st.ranks)} ranks)")
-        return 0
-    print(f"started job {job}", file=sys.stderr)
-    with preempt.on_sigterm() as notice:
-        st = _attach(c, job, notice)
-        if notice.is_set():
+    # The handlers are in place before the job starts: a Ctrl-C or a notice that comes while
+    # it starts still stops it (or freezes it) once it runs.
+    with preempt.notices(preempt_on) as told:
+        if node:
+            st = _join(c, job_id, req.nnodes, node, told.stop)
+        else:
+            st = _start(c, a, req)
+        job = st.job_id
+        if a.detach:
+            emit_result(plain(st), a.json, job, f"job {job}: {len(st.ranks)} ranks")
+            return 0
+        # The per-node idiom: each node's launch shows its own node's ranks, as torchrun does.
+        only = _node_ranks(st, node if node else 0) if a.node_rank is not None else None
+        st = _attach(c, job, told.stop, routing, only)
+        if st.state not in TERMINAL and told.preempted and node:
+            # A scheduler signals every node's launch: node 0's freezes the job, the others
+            # follow it to its end (a second freeze, or a fallback's cancel, must not race it).
+            print(f"node {node}: preemption notice; node 0's launch freezes job {job}",
+                  file=sys.stderr)  # fmt: skip
+            st = _attach(c, job, None, routing, only)
+        elif st.state not in TERMINAL and told.preempted:
             return preempt.preempt(c, job, a.preempt_grace, a.json)
+        if st.state not in TERMINAL and told.interrupts:
+            return _interrupted(c, job, told)
     if st.state == "FROZEN":
         print(f"job {job} was frozen and stopped; thaw it with `snapshotter thaw`", file=sys.stderr)
     emit_result(plain(st), a.json, None)
     return st.exit_code if st.HasField("exit_code") else 0
 
 
-def _attach(c: Client, job: str, stop: threading.Event | None = None) -> pb.JobStatus:
-    """Stream every rank's output while the job runs, like torchrun does (bytes as they are),
-    until it ends or `stop` is set."""
+def _start(c: Client, a: argparse.Namespace, req: pb.RunRequest) -> pb.JobStatus:
+    """The job started, or with --resume thawed from its newest snapshot."""
+    resume_from = _resume_point(c, a.resume, req.job_id)
+    if not resume_from:
+        st = c.stub.Run(req, timeout=180)
+        print(f"started job {st.job_id}", file=sys.stderr)
+        return st
+    print(f"resuming job {req.job_id} from its newest snapshot {resume_from}", file=sys.stderr)
+    thaw = pb.ThawRequest(snapshot_id=resume_from, nodes=req.nodes)
+    thawed = _drive(c.stub.Thaw(thaw), a.json)
+    return c.stub.Status(common_pb2.JobRef(job_id=thawed["job_id"]), timeout=30)
+
+
+def _per_node_launch(a: argparse.Namespace, job_id: str, nnodes: int) -> int:
+    """torchrun's per-node idiom (`srun torchrun --nnodes N --node-rank $SLURM_NODEID
+    --rdzv-id ID ...`): the node rank of a launch that joins the job node 0 starts (0: this
+    launch starts it)."""
+    k = a.node_rank or 0
+    if k == 0:
+        return 0
+    if not job_id:
+        raise errors.InvalidArgument(
+            f"--node-rank {k}: a node's launch finds its job by id",
+            "give every node's launch the same --rdzv-id",
+        )
+    if k >= nnodes:
+        raise errors.InvalidArgument(f"--node-rank {k} is not below --nnodes {nnodes}",
+                                     f"node ranks are 0..{nnodes - 1}")  # fmt: skip
+    if a.resume:
+        raise errors.InvalidArgument(
+            "--resume is node 0's to do: it thaws the whole job", "give --resume to node 0 only"
+        )
+    return k
+
+
+def _join(c: Client, job_id: str, nnodes: int, node: int, stop: threading.Event) -> pb.JobStatus:
+    """Wait (torchrun's join timeout, 600 s) for node 0's launch to start the job, then follow
+    it."""
+    deadline = time.monotonic() + float(os.environ.get("SNAPSHOTTER_JOIN_TIMEOUT_S", "600"))
+    print(f"node {node}: waiting for node 0 to start job {job_id}", file=sys.stderr)
+    while True:
+        try:
+            st = c.stub.Status(common_pb2.JobRef(job_id=job_id), timeout=30)
+            break
+        except errors.JobNotFound:
+            pass
+        if stop.wait(0.5):
+            raise KeyboardInterrupt  # main's exit 130: there is no job of this launch to stop
+        if time.monotonic() > deadline:
+            raise errors.InvalidArgument(
+                f"node {node}: job {job_id} was not started by node 0's launch in time",
+                "start node 0's launch with the same --rdzv-id and --nnodes",
+            )
+    if st.nnodes != nnodes:
+        raise errors.InvalidArgument(
+            f"job {job_id} has {st.nnodes} node(s), this launch says --nnodes {nnodes}",
+            "give every node's launch the same --nnodes (or another --rdzv-id)",
+        )
+    print(f"node {node}: joined job {job_id}", file=sys.stderr)
+    return st  # type: ignore[no-any-return]
+
+
+def _node_ranks(st: pb.JobStatus, node: int) -> set[int]:
+    n = st.nproc_per_node
+    return set(range(node * n, (node + 1) * n))
+
+
+def _resume_point(c: Client, resume: bool, job_id: str) -> str:
+    """With --resume: the job's newest committed snapshot ("" when it has none: a first start
+    or a requeue of a job that was never frozen)."""
+    if not resume:
+        return ""
+    if not job_id:
+        raise errors.InvalidArgument(
+            "--resume needs the job's id to find its snapshots",
+            "give --job-id (or --rdzv-id), the same on every start of the job",
+        )
+    try:
+        running = c.stub.Status(common_pb2.JobRef(job_id=job_id), timeout=30).state
+    except errors.JobNotFound:
+        running = ""
+    if running and running not in TERMINAL:
+        raise errors.InvalidArgument(
+            f"job {job_id} is {running}: it is not resumed twice",
+            f"attach with `snapshotter logs {job_id} --follow`, or stop it first",
+        )
+    return preempt.newest_snapshot(c, job_id)
+
+
+def _interrupted(c: Client, job: str, told: preempt.Notices) -> int:
+    """Ctrl-C: the job is stopped, as torchrun stops its workers; a second Ctrl-C stops
+    waiting for that."""
+    print(f"\ninterrupted: stopping job {job} (Ctrl-C again to stop waiting)", file=sys.stderr)
+    c.stub.Cancel(common_pb2.JobRef(job_id=job), timeout=60)
+    told.stop.clear()
+    deadline = time.monotonic() + 60
+    while not told.again.is_set() and time.monotonic() < deadline:
+        st = c.stub.Status(common_pb2.JobRef(job_id=job), timeout=30)
+        if st.state in TERMINAL:
+            print(f"job {job} stopped ({st.state})", file=sys.stderr)
+            break
+        told.again.wait(0.5)
+    else:
+        print(f"job {job} is stopping; `snapshotter status {job}` shows when it has",
+              file=sys.stderr)  # fmt: skip
+    return 130
+
+
+def _attach(
+    c: Client,
+    job: str,
+    stop: threading.Event | None = None,
+    routing: torchrun.Output | None = None,
+    only: set[int] | None = None,
+) -> pb.JobStatus:
+    """Stream the ranks' output while the job runs, like torchrun does (bytes as they are; to
+    the console and --log-dir as `routing` says; `only` these ranks), until it ends or `stop`
+    is set."""
     offsets: dict[int, int] = {}
     out = sys.stdout.buffer
-    while True:
-        st = c.stub.Status(common_pb2.JobRef(job_id=job), timeout=30)
-        done = st.state in TERMINAL
-        for r in st.ranks:
-            req = common_pb2.LogsRequest(job_id=job, rank=r.rank, offset=offsets.get(r.rank, 0))
-            for chunk in c.stub.Logs(req):
-                offsets[r.rank] = chunk.offset + len(chunk.data)
-                out.write(chunk.data)
-        out.flush()
-        if done or (stop is not None and stop.is_set()):
-            return st  # type: ignore[no-any-return]
-        if stop is not None:
-            stop.wait(0.5)
-        else:
-            time.sleep(0.5)
+    routing = routing or torchrun.Output(None, {}, {}, None)
+    files = RankFiles(routing.log_dir, job)
+    try:
+        while True:
+            st = c.stub.Status(common_pb2.JobRef(job_id=job), timeout=30)
+            done = st.state in TERMINAL
+            for r in st.ranks:
+                if only is not None and r.rank not in only:
+                    continue
+                local = r.rank % max(st.nproc_per_node, 1)
+                req = common_pb2.LogsRequest(job_id=job, rank=r.rank,
+                                             offset=offsets.get(r.rank, 0))  # fmt: skip
+                for chunk in c.stub.Logs(req):
+                    offsets[r.rank] = chunk.offset + len(chunk.data)
+                    if routing.console(local):
+                        out.write(chunk.data)
+                    if routing.to_file(local):
+                        files.write(r.rank, chunk.data)
+            out.flush()
+            if done or (stop is not None and stop.is_set()):
+                return st  # type: ignore[no-any-return]
+            if stop is not None:
+                stop.wait(0.5)
+            else:
+                time.sleep(0.5)
+    finally:
+        files.close()
+
+
+class RankFiles:
+    """--log-dir: each rank's output in LOG_DIR/JOB/attempt_0/RANK/stdout.log, torchrun's
+    layout (stdout and stderr together: a rank's output is one stream here)."""
+
+    def __init__(self, log_dir: str | None, job: str) -> None:
+        self.root = Path(log_dir) / job / "attempt_0" if log_dir else None
+        self._open: dict[int, Any] = {}
+
+    def write(self, rank: int, data: bytes) -> None:
+        if self.root is None:
+            return
+        f = self._open.get(rank)
+        if f is None:
+            d = self.root / str(rank)
+            try:
+                d.mkdir(parents=True, exist_ok=True)
+                f = self._open[rank] = open(d / "stdout.log", "ab")  # noqa: SIM115
+            except OSError as e:
+                raise errors.InvalidArgument(
+                    f"--log-dir: cannot write {d}: {e.strerror}", "give a writable directory"
+                ) from e
+        f.write(data)
+        f.flush()
+
+    def close(self) -> None:
+        for f in self._open.values():
+            f.close()
+        self._open.clear()
 
 
 # --------------------------------------------------------------------------- freeze / thaw
@@ -161,14 +319,9 @@ def _event(ev: Any) -> Msg:
     return {"event": kind, **plain(getattr(ev, kind))}
 
 
-def _drive(stream: Iterable[Any], progress: ProgressLine) -> Msg:
-    result: Msg | None = None
-    for ev in stream:
-        flat = _event(ev)
-        if flat["event"] == "done":
-            result = flat
-        else:
-            progress.event(flat)
+def _drive(stream: Iterable[Any], as_json: bool) -> Msg:
+    """Show an operation's events as they come (progress.py); its result."""
+    result = progress.drive(stream, progress.view(as_json), _event)
     if result is None:
         raise errors.Internal("the operation ended without a result", "see the daemon log")
     return result
@@ -179,7 +332,7 @@ def cmd_freeze(a: argparse.Namespace) -> int:
     req = pb.FreezeRequest(job_id=a.job_id, stop=a.stop)
     if a.quiesce_timeout is not None:
         req.quiesce_timeout_s = a.quiesce_timeout
-    res = _drive(c.stub.Freeze(req), ProgressLine(a.json))
+    res = _drive(c.stub.Freeze(req), a.json)
     st = res["stats"]
     text = (
         f"snapshot {res['snapshot_id']} committed: {human_bytes(st['image_bytes'])} of images, "
@@ -199,7 +352,7 @@ def cmd_thaw(a: argparse.Namespace) -> int:
         snapshot_id=a.snapshot, job_id=a.job_id or "", nodes=a.nodes.split(",") if a.nodes else [],
         allow_unsigned=a.allow_unsigned,
     )
-    res = _drive(c.stub.Thaw(req), ProgressLine(a.json))
+    res = _drive(c.stub.Thaw(req), a.json)
     st = res["stats"]
     local = sorted(n["node"] for n in st.get("nodes", []) if n.get("local_copy"))
     print(
@@ -219,7 +372,7 @@ def cmd_migrate(a: argparse.Namespace) -> int:
         req.rank = a.rank
     if a.quiesce_timeout is not None:
         req.quiesce_timeout_s = a.quiesce_timeout
-    res = _drive(c.stub.Migrate(req), ProgressLine(a.json))
+    res = _drive(c.stub.Migrate(req), a.json)
     st = res["stats"]
     print(
         f"job {res['job_id']}: rank(s) {', '.join(map(str, st.get('ranks', [])))} moved from "
@@ -303,6 +456,39 @@ def _services_text(res: Msg) -> str:
     return "\n".join(lines)
 
 
+def cmd_nodes(a: argparse.Namespace) -> int:
+    res = plain(_client().stub.Nodes(common_pb2.Empty(), timeout=60))
+    rows = [_node_row(n) for n in res["nodes"]]
+    text = table(rows, ["NODE", "ADDRESS", "HEALTH", "HEARTBEAT", "JOBS", "LINKS"])
+    emit_result(res, a.json, None, text if rows else "no agent has registered")
+    return 0
+
+
+def _node_row(n: Msg) -> list[str]:
+    """One agent: its health (live; not answering; GPU faults), its last heartbeat's age, its
+    running jobs and its data links."""
+    ag = n.get("agent") or {}
+    fatal = [f for f in ag.get("gpu_faults", []) if f.get("fatal")]
+    if not n.get("live"):
+        health = "LOST"
+    elif n.get("error"):
+        health = "NOT ANSWERING"
+    elif fatal:
+        health = f"GPU FAULT ({fatal[-1]['kind']} {fatal[-1]['code']})"
+    else:
+        health = "ok"
+    if n.get("draining"):
+        health += ", DRAINING"
+    age = n.get("heartbeat_age_s")
+    links = ",".join(
+        x["name"] + ("" if x["up"] else "(down)")
+        + ("(drained)" if x["name"] in n.get("drained_links", []) else "")
+        for x in n.get("links", [])
+    )  # fmt: skip
+    return [n["name"], n["address"], health, "-" if age is None else f"{age:.1f}s ago",
+            ",".join(ag.get("running_jobs", [])) or "-", links or "-"]  # fmt: skip
+
+
 def cmd_wait(a: argparse.Namespace) -> int:
     c = _client()
     deadline = None if a.timeout is None else time.monotonic() + a.timeout
@@ -319,16 +505,70 @@ def cmd_wait(a: argparse.Namespace) -> int:
 
 
 def cmd_logs(a: argparse.Namespace) -> int:
+    """A job's rank output: every rank's lines prefixed `[rankN]: ` (torchrun's prefix), or
+    one rank's as they are; --tail N: the last N lines of each; --follow: then new output as it
+    comes until the job ends (Ctrl-C stops following)."""
     c = _client()
-    if a.follow and a.rank is None:
-        raise errors.InvalidArgument("--follow needs --rank", "pick one rank to follow")
-    req = common_pb2.LogsRequest(job_id=a.job_id, follow=a.follow)
-    if a.rank is not None:
-        req.rank = a.rank
-    for chunk in c.stub.Logs(req):
-        sys.stdout.buffer.write(chunk.data)
-        sys.stdout.buffer.flush()
+    if a.tail is not None and a.tail < 0:
+        raise errors.InvalidArgument(f"--tail {a.tail} is negative", "give a number of lines")
+    st = c.stub.Status(common_pb2.JobRef(job_id=a.job_id), timeout=30)
+    ranks = [r.rank for r in st.ranks] if a.rank is None else [a.rank]
+    out = RankLines(sys.stdout.buffer, prefixed=a.rank is None)
+    offsets: dict[int, int] = {}
+    for r in ranks:
+        data = b"".join(_read_log(c, a.job_id, r, offsets))
+        out.write(r, data if a.tail is None else _last_lines(data, a.tail))
+    while a.follow and st.state not in TERMINAL:
+        time.sleep(0.5)
+        st = c.stub.Status(common_pb2.JobRef(job_id=a.job_id), timeout=30)
+        for r in ranks:
+            for data in _read_log(c, a.job_id, r, offsets):
+                out.write(r, data)
+    out.close()
     return 0
+
+
+def _read_log(c: Client, job: str, rank: int, offsets: dict[int, int]) -> Iterator[bytes]:
+    req = common_pb2.LogsRequest(job_id=job, rank=rank, offset=offsets.get(rank, 0))
+    for chunk in c.stub.Logs(req):
+        offsets[rank] = chunk.offset + len(chunk.data)
+        yield chunk.data
+
+
+def _last_lines(data: bytes, n: int) -> bytes:
+    if n == 0:
+        return b""
+    lines = data.splitlines(keepends=True)
+    return b"".join(lines[-n:])
+
+
+class RankLines:
+    """Ranks' output, whole lines at a time, each prefixed with its rank when asked (a partial
+    line waits for its end, or for close)."""
+
+    def __init__(self, out: Any, prefixed: bool) -> None:
+        self.out = out
+        self.prefixed = prefixed
+        self._partial: dict[int, bytes] = {}
+
+    def write(self, rank: int, data: bytes) -> None:
+        if not self.prefixed:
+            self.out.write(data)
+            self.out.flush()
+            return
+        buf = self._partial.pop(rank, b"") + data
+        *lines, rest = buf.split(b"\n")
+        for line in lines:
+            self.out.write(b"[rank%d]: %s\n" % (rank, line))
+        if rest:
+            self._partial[rank] = rest
+        self.out.flush()
+
+    def close(self) -> None:
+        for rank, rest in sorted(self._partial.items()):
+            self.out.write(b"[rank%d]: %s\n" % (rank, rest))
+        self._partial.clear()
+        self.out.flush()
 
 
 def cmd_cancel(a: argparse.Namespace) -> int:
@@ -355,9 +595,36 @@ def cmd_list(a: argparse.Namespace) -> int:
 
 
 def cmd_show(a: argparse.Namespace) -> int:
-    d = plain(_client().stub.ShowSnapshot(pb.SnapshotRef(snapshot_id=a.snapshot), timeout=60))
+    from snapshotter.cli import timeline
+
+    if a.timeline and a.json:
+        raise errors.InvalidArgument(
+            "--timeline draws text and --json prints one JSON document",
+            "use --json alone (its stats.spans), or --trace FILE for a machine-readable timeline",
+        )
+    detail = _client().stub.ShowSnapshot(pb.SnapshotRef(snapshot_id=a.snapshot), timeout=60)
+    spans = detail.summary.stats.spans
+    if (a.timeline or a.trace) and not spans:
+        raise errors.InvalidArgument(
+            f"snapshot {a.snapshot} has no timeline: it was committed by a coordinator from "
+            "before freezes recorded where their time went",
+            "freeze the job again and show that snapshot (`snapshotter list` names it)",
+        )
+    if a.trace:
+        try:
+            Path(a.trace).write_text(json.dumps(timeline.chrome_trace(spans)) + "\n")
+        except OSError as e:
+            raise errors.InvalidArgument(f"cannot write --trace {a.trace}: {e}",
+                                         "give a path in a writable directory") from e  # fmt: skip
+        print(f"trace written to {a.trace}: open it in https://ui.perfetto.dev or "
+              "chrome://tracing", file=sys.stderr)  # fmt: skip
+    if a.timeline:
+        sys.stdout.write(timeline.timeline_text(spans, 100))
+        return 0
+    d = plain(detail)
     res = {**d.pop("summary"), **d}
-    emit_result(res, a.json, None, json.dumps(res, indent=2, default=str))
+    text = {**res, "stats": {k: v for k, v in res["stats"].items() if k != "spans"}}
+    emit_result(res, a.json, None, json.dumps(text, indent=2, default=str))
     return 0
 
 
@@ -397,25 +664,8 @@ def build_parser() -> argparse.ArgumentParser:
         return sp
 
     r = add("run", cmd_run, "launch a job (torchrun-compatible flags)")
-    r.add_argument("--nproc-per-node", "--nproc_per_node", default="1")
-    r.add_argument("--nnodes", default="1")
-    r.add_argument(
-        "--node-rank",
-        "--node_rank",
-        type=int,
-        default=0,
-        help="accepted for torchrun compatibility; the coordinator places nodes",
-    )
-    r.add_argument("--master-addr", "--master_addr", default=None)
-    r.add_argument("--master-port", "--master_port", type=int, default=None)
-    r.add_argument("--rdzv-backend", "--rdzv_backend", default=None)
-    r.add_argument("--rdzv-endpoint", "--rdzv_endpoint", default=None)
-    r.add_argument("--rdzv-id", "--rdzv_id", default=None, help="used as the job id")
-    r.add_argument("--standalone", action="store_true")
-    r.add_argument("--max-restarts", "--max_restarts", type=int, default=0)
+    torchrun.add_flags(r)
     r.add_argument("--nodes", default=None, help="comma-separated agent names to place on")
-    r.add_argument("-m", "--module", action="store_true")
-    r.add_argument("--no-python", "--no_python", action="store_true")
     r.add_argument("--job-id", default=None)
     r.add_argument("--tenant", default=None,
                    help="whose job it is (default: default): its snapshots are sealed under "
@@ -424,16 +674,23 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the provider (a caller of no tenant) may not freeze this job; its "
                    "tenant's freezes and its own policy still may")  # fmt: skip
     r.add_argument("--detach", "-d", action="store_true")
+    r.add_argument("--preempt-signal", action="append", default=None, metavar="SIG",
+                   help="a signal that means: freeze the job and stop (repeatable; default "
+                   "TERM; USR1 for Slurm's --signal=B:USR1@120)")  # fmt: skip
+    r.add_argument("--resume", action="store_true",
+                   help="thaw the job (--job-id) from its newest committed snapshot if it has "
+                   "one, else start it: what a requeued batch job runs")  # fmt: skip
     r.add_argument(
         "--preempt-grace",
         type=float,
         default=30.0,
-        help="on SIGTERM: seconds to freeze and stop the job in (default 30)",
+        help="on a --preempt-signal: seconds to freeze and stop the job in (default 30)",
     )
     supervise.add_policy_flags(r)
     supervise.add_recovery_flags(r)
     r.add_argument("script")
     r.add_argument("script_args", nargs=argparse.REMAINDER)
+    torchrun.env_defaults(r, os.environ)
 
     f = add("freeze", cmd_freeze, "snapshot a running job")
     f.add_argument("job_id")
@@ -460,6 +717,7 @@ def build_parser() -> argparse.ArgumentParser:
     m.add_argument("--quiesce-timeout", type=float, default=None)
 
     add("jobs", cmd_jobs, "list jobs")
+    add("nodes", cmd_nodes, "list the agents: their health, last heartbeat, jobs and links")
     s = add("status", cmd_status, "show a job, or without one the services and their resources")
     s.add_argument("job_id", nargs="?", default=None)
     w = add("wait", cmd_wait, "wait until a job ends")
@@ -468,13 +726,20 @@ def build_parser() -> argparse.ArgumentParser:
     lg = add("logs", cmd_logs, "show rank output")
     lg.add_argument("job_id")
     lg.add_argument("--rank", type=int, default=None)
-    lg.add_argument("--follow", "-f", action="store_true")
+    lg.add_argument("--follow", "-f", action="store_true",
+                    help="then new output as it comes, until the job ends")
+    lg.add_argument("--tail", type=int, default=None, metavar="N",
+                    help="only the last N lines of each rank's output so far")
     cn = add("cancel", cmd_cancel, "stop a job")
     cn.add_argument("job_id")
     ls = add("list", cmd_list, "list committed snapshots")
     ls.add_argument("--job", default=None)
     sh = add("show", cmd_show, "describe a snapshot")
     sh.add_argument("snapshot")
+    sh.add_argument("--timeline", action="store_true",
+                    help="draw where the freeze's time went, per node and rank")
+    sh.add_argument("--trace", metavar="FILE", default=None,
+                    help="write that timeline as a Chrome trace (ui.perfetto.dev opens it)")
     de = add("delete", cmd_delete, "delete a snapshot")
     de.add_argument("snapshot")
     dn = add("down", cmd_down, "stop the embedded coordinator and agent")

@@ -8,8 +8,7 @@ from __future__ import annotations
 
 import json
 import sys
-import time
-from typing import Any, TextIO
+from typing import Any
 
 # Plain JSON data: what --json prints (rpc/convert.py makes it from typed messages).
 Msg = dict[str, Any]
@@ -21,48 +20,6 @@ def human_bytes(n: float) -> str:
             return f"{n:.1f} {unit}" if unit != "B" else f"{int(n)} B"
         n /= 1024
     return f"{n:.1f} TiB"
-
-
-class ProgressLine:
-    """Renders operation events ({"event": phase|progress, ...}) as one line per phase and
-    throttled byte-progress lines; with --json, each event as one JSON line."""
-
-    def __init__(self, as_json: bool, out: TextIO = sys.stderr) -> None:
-        self.as_json = as_json
-        self.out = out
-        self.t0 = time.monotonic()
-        self._last_line = 0.0
-        self._phase = ""
-
-    def event(self, ev: Msg) -> None:
-        if self.as_json:
-            self.out.write(json.dumps(ev) + "\n")
-            self.out.flush()
-            return
-        kind = ev.get("event")
-        el = time.monotonic() - self.t0
-        if kind == "phase":
-            self._phase = ev["phase"]
-            extra = ""
-            if ev.get("stall_s") is not None:
-                extra = f" (job stalled {ev['stall_s']:.2f}s)"
-            elif ev.get("bytes"):
-                extra = f" ({human_bytes(ev['bytes'])} of images)"
-            node = f" [{ev['node']}]" if ev.get("node") else ""
-            self.out.write(f"[{el:6.1f}s] {self._phase}{node}{extra}\n")
-        elif kind == "progress":
-            now = time.monotonic()
-            if now - self._last_line < 1.0:
-                return
-            self._last_line = now
-            raw = float(ev.get("raw_bytes", 0))
-            stored = float(ev.get("stored_bytes", 0))
-            rate = raw / max(now - self.t0, 1e-6)
-            self.out.write(
-                f"[{el:6.1f}s] {self._phase} [{ev.get('node', '')}] {human_bytes(raw)} read, "
-                f"{human_bytes(stored)} stored, {human_bytes(rate)}/s\n"
-            )
-        self.out.flush()
 
 
 def emit_result(result: Msg, as_json: bool, last_line: str | None, text: str = "") -> None:

@@ -1,7 +1,10 @@
-"""A foreground `snapshotter run` told to go (SIGTERM: a scheduler's preemption notice, a
-Slurm --signal, a Kubernetes preStop): the job is frozen and stopped within the grace
-period, or, if that fails, stopped behind its newest committed snapshot. Either way the
-message says which snapshot the job resumes from.
+"""A foreground `snapshotter run` told to go (SIGTERM or another --preempt-signal: a
+scheduler's preemption notice, a Slurm --signal, a Kubernetes preStop): the job is frozen and
+stopped within the grace period, or, if that fails, stopped behind its newest committed
+snapshot. Either way the message says which snapshot the job resumes from.
+
+Ctrl-C (SIGINT) is not a preemption: it stops the job, as torchrun does; a second Ctrl-C
+stops waiting for its ranks to end.
 """
 
 from __future__ import annotations
@@ -21,19 +24,65 @@ from snapshotter.v1 import common_pb2, coordinator_pb2
 pb = coordinator_pb2
 
 
+# What may be named with --preempt-signal: the notices schedulers send (Slurm's --signal,
+# a Kubernetes or systemd stop). SIGINT is Ctrl-C, which stops the job instead.
+PREEMPT_SIGNALS = {"TERM": signal.SIGTERM, "USR1": signal.SIGUSR1, "USR2": signal.SIGUSR2,
+                   "HUP": signal.SIGHUP}  # fmt: skip
+
+
+def signal_names(names: list[str] | None) -> list[signal.Signals]:
+    """--preempt-signal values (TERM, SIGUSR1, usr1 ...) as signals; SIGTERM by default."""
+    out = []
+    for n in names or ["TERM"]:
+        key = n.upper().removeprefix("SIG")
+        if key not in PREEMPT_SIGNALS:
+            raise errors.InvalidArgument(
+                f"--preempt-signal {n!r} is not a preemption notice snapshotter takes",
+                f"one of {', '.join(PREEMPT_SIGNALS)} (Ctrl-C, SIGINT, stops the job instead)",
+            )
+        out.append(PREEMPT_SIGNALS[key])
+    return out
+
+
+class Notices:
+    """What a foreground `run` was told while it streamed the job's output: `stop` is set by a
+    preemption notice or by Ctrl-C; `preempted` says which; `interrupts` counts Ctrl-Cs."""
+
+    def __init__(self) -> None:
+        self.stop = threading.Event()
+        self.preempted = False
+        self.interrupts = 0
+        self.again = threading.Event()  # a second Ctrl-C: stop waiting for the job
+
+    def on_notice(self, signum: int, frame: FrameType | None) -> None:
+        self.preempted = True
+        self.stop.set()
+
+    def on_interrupt(self, signum: int, frame: FrameType | None) -> None:
+        self.interrupts += 1
+        if self.interrupts > 1:
+            self.again.set()
+        self.stop.set()
+
+
 @contextlib.contextmanager
-def on_sigterm() -> Iterator[threading.Event]:
-    """An event set by SIGTERM while the block runs (the previous handler comes back after)."""
-    notice = threading.Event()
-
-    def handler(signum: int, frame: FrameType | None) -> None:
-        notice.set()
-
-    old = signal.signal(signal.SIGTERM, handler)
+def notices(preempt_on: list[signal.Signals]) -> Iterator[Notices]:
+    """Notices set by the preemption signals and by SIGINT while the block runs (the previous
+    handlers come back after)."""
+    n = Notices()
+    old = {s: signal.signal(s, n.on_notice) for s in preempt_on}
+    old[signal.SIGINT] = signal.signal(signal.SIGINT, n.on_interrupt)
     try:
-        yield notice
+        yield n
     finally:
-        signal.signal(signal.SIGTERM, old)
+        for s, h in old.items():
+            signal.signal(s, h)
+
+
+def newest_snapshot(c: Client, job: str) -> str:
+    """The job's newest committed snapshot, or ""."""
+    listed = c.stub.ListSnapshots(pb.ListSnapshotsRequest(job_id=job), timeout=60).snapshots
+    return max(listed, key=lambda s: (s.created, s.snapshot_id)).snapshot_id if listed else ""
 
 
 def preempt(c: Client, job: str, grace_s: float, as_json: bool) -> int:
@@ -55,8 +104,7 @@ def preempt(c: Client, job: str, grace_s: float, as_json: bool) -> int:
     # The freeze did not make it: the job must not outlive the notice half-done.
     with contextlib.suppress(errors.SnapshotterError):
         c.stub.Cancel(common_pb2.JobRef(job_id=job), timeout=60)
-    listed = c.stub.ListSnapshots(pb.ListSnapshotsRequest(job_id=job), timeout=60).snapshots
-    newest = max(listed, key=lambda s: (s.created, s.snapshot_id)).snapshot_id if listed else ""
+    newest = newest_snapshot(c, job)
     fallback = (f"falling back to its newest committed snapshot {newest}" if newest
                 else "it has no committed snapshot")  # fmt: skip
     emit_result({"job_id": job, "snapshot_id": newest, "fallback": True, "error": why}, as_json,

@@ -21,7 +21,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from snapshotter import errors
+from snapshotter import errors, servicelog
 from snapshotter.agent.allow import ExecPolicy
 from snapshotter.config import Paths, default_home, encrypt_at_rest, store_url
 from snapshotter.rpc.auth import Role, TokenStore
@@ -61,6 +61,24 @@ def _tls_args(p: argparse.ArgumentParser, who: str) -> None:
                    help="no TLS and no authentication, on any address: for tests only")
 
 
+def _log_args(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--log-format", choices=servicelog.FORMATS, default=None,
+                   help="text lines (default) or one JSON object per line "
+                   "($SNAPSHOTTER_LOG_FORMAT)")  # fmt: skip
+    p.add_argument("--log-level", choices=servicelog.LEVELS, default=None,
+                   help="the least severe records logged (default info; $SNAPSHOTTER_LOG_LEVEL)")
+
+
+def _logging(a: argparse.Namespace) -> None:
+    """The flags' choice into the environment the service and the processes it starts (the
+    agent under its keeper) read."""
+    if a.log_format:
+        os.environ["SNAPSHOTTER_LOG_FORMAT"] = a.log_format
+    if a.log_level:
+        os.environ["SNAPSHOTTER_LOG_LEVEL"] = a.log_level
+    servicelog.setup()
+
+
 def _token(path: str | None) -> str | None:
     if not path:
         return None
@@ -83,7 +101,7 @@ def _listen(a: argparse.Namespace, tls_name: str) -> Listen:
 def cmd_coordinator(a: argparse.Namespace) -> int:
     from snapshotter import daemon
 
-    daemon.setup_logging()
+    _logging(a)
     daemon.bound_malloc()
     listen = _listen(a, COORDINATOR_NAME)
     cfg = daemon.CoordinatorConfig(
@@ -131,8 +149,9 @@ def cmd_agent(a: argparse.Namespace) -> int:
 
     paths = Paths(default_home())
     if a.keeper and not os.environ.get(KEEPER_ENV) and "agent" in sys.argv[1:]:
+        _logging(a)  # the keeper logs as the agent does
         _under_keeper(paths)
-    daemon.setup_logging()
+    _logging(a)
     daemon.bound_malloc()
     name = a.name or socket.gethostname()
     listen = _listen(a, f"nodes/{name}")
@@ -219,10 +238,9 @@ def cmd_token(a: argparse.Namespace) -> int:
 
 
 def cmd_gateway(a: argparse.Namespace) -> int:
-    from snapshotter import daemon
     from snapshotter.gateway.serve import Gateway, GatewayConfig
 
-    daemon.setup_logging()
+    _logging(a)
     cfg = GatewayConfig(
         listen=a.listen, coordinator=a.coordinator,
         coordinator_tls=tls_files(a.tls_dir, a.tls_name, a.tls_ca, a.tls_cert, a.tls_key),
@@ -244,6 +262,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     gw.add_argument("--coordinator", required=True, help="host:port of the coordinator")
     gw.add_argument("--https-cert", default=None, help="the API's HTTPS certificate (PEM)")
     gw.add_argument("--https-key", default=None, help="its key (PEM)")
+    _log_args(gw)
     g = gw.add_argument_group("TLS toward the coordinator (a `client` certificate)")
     g.add_argument("--tls-dir", default=None, help="a directory made by `snapshotter certs init`")
     g.add_argument("--tls-name", default="clients/gateway",
@@ -266,6 +285,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
     co.add_argument("--agent-token-file", default=None,
                     help="a token to present to agents that listen on loopback without TLS")
     _metrics_arg(co, "9464")
+    _log_args(co)
     _tls_args(co, "the coordinator")
 
     ag = sub.add_parser("agent", parents=[common],
@@ -299,6 +319,7 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                     "a keeper process holds their pipes and restarts a crashed agent, which "
                     "re-adopts them; SIGHUP to it restarts the agent for an upgrade)")
     _metrics_arg(ag, "9465")
+    _log_args(ag)
     _tls_args(ag, "the agent")
 
     ce = sub.add_parser("certs", help="make certificates for a cluster")

@@ -212,6 +212,9 @@ def cmd_events(a: argparse.Namespace, c: Client) -> int:
 # --------------------------------------------------------------------------- drain
 def cmd_drain(a: argparse.Namespace, c: Client) -> int:
     req = pb.DrainRequest(node=a.node, undo=a.undo)
+    if a.undo and a.self:
+        raise errors.InvalidArgument("--self drains a node; it cannot undo a drain",
+                                     f"snapshotter drain {a.node} --undo")  # fmt: skip
     if a.undo:
         c.stub.Drain(req, timeout=60)
         emit_result({"node": a.node, "jobs": []}, a.json, None, f"node {a.node} takes jobs again")
@@ -220,7 +223,10 @@ def cmd_drain(a: argparse.Namespace, c: Client) -> int:
         if a.grace <= 0:
             raise errors.InvalidArgument(f"--grace {a.grace} must be positive", "give seconds")
         req.grace_s = a.grace
-    res = plain(c.stub.Drain(req, timeout=(a.grace or 30.0) + 300))
+    # --self: the node's own certificate (SNAPSHOTTER_TLS_NAME=nodes/NODE), so a preStop hook
+    # drains its node with no cluster-wide credential on the node.
+    rpc = c.stub.DrainSelf if a.self else c.stub.Drain
+    res = plain(rpc(req, timeout=(a.grace or 30.0) + 300))
     lines = [f"node {res['node']} drained: {len(res['jobs'])} job(s)"]
     for j in res["jobs"]:
         if j.get("migrated"):
@@ -285,6 +291,10 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser, client: Callable[[], 
     dr.add_argument("node")
     dr.add_argument("--grace", type=float, default=None, help="seconds (default 30)")
     dr.add_argument("--undo", action="store_true", help="the node takes new jobs again")
+    dr.add_argument("--self", action="store_true",
+                    help="drain as the node itself, with its own certificate "
+                    "(SNAPSHOTTER_TLS_NAME=nodes/NODE): what a Kubernetes preStop hook or a "
+                    "node's shutdown script runs; a node drains only itself")  # fmt: skip
     dr.set_defaults(fn=lambda a: cmd_drain(a, client()))
     lk = sub.add_parser(
         "link", parents=[common],

@@ -57,9 +57,11 @@ def rank_env(
     rdzv: RdzvAddress,
     job_id: str,
     node_env: Mapping[str, str] | None = None,
+    error_file: str | None = None,
 ) -> dict[str, str]:
     """The full environment of one rank: the caller's, then torchrun's variables, then the
-    node's own network settings (which must win: they describe the node the rank runs on)."""
+    node's own network settings (which must win: they describe the node the rank runs on).
+    `error_file` is where the rank's `@record` writes its root cause (launch/rootcause.py)."""
     env = dict(base)
     env.update(
         {
@@ -67,7 +69,7 @@ def rank_env(
             "LOCAL_RANK": str(p.local_rank),
             "GROUP_RANK": str(p.node_rank),
             "ROLE_RANK": str(p.rank),
-            "ROLE_NAME": "default",
+            "ROLE_NAME": base.get("SNAPSHOTTER_ROLE", "default"),  # run --role
             "WORLD_SIZE": str(p.world_size),
             "LOCAL_WORLD_SIZE": str(p.local_world_size),
             "ROLE_WORLD_SIZE": str(p.world_size),
@@ -87,6 +89,8 @@ def rank_env(
     # torchrun caps OpenMP threads when it runs several ranks on one node; so do we.
     if p.local_world_size > 1 and "OMP_NUM_THREADS" not in base:
         env["OMP_NUM_THREADS"] = "1"
+    if error_file:
+        env["TORCHELASTIC_ERROR_FILE"] = error_file
     if node_env:
         env.update(node_env)
     return env

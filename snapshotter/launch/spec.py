@@ -2,11 +2,13 @@
 agents, and recorded in every snapshot so a thaw can rebuild the job.
 
 A snapshot keeps the job's environment only in part (`JobSpec.for_snapshot`): the variables
-that start the job's interpreter (KEPT_ENV), nothing else. That is enough for a thaw and a
-fork: the ranks' own environment comes back with their memory (CRIU restores it), and the
-node's network settings are set anew by the agent; the only process a thaw starts from the
-spec is the job's rendezvous server, which needs the interpreter and its library paths. Every
-other variable (tokens, keys, credentials) is omitted, and only its name is recorded.
+that start the job's interpreter (KEPT_ENV), and where its ranks write their root cause if
+the job chose that itself (TORCHELASTIC_ERROR_FILE: the agent reads it when a thawed rank
+fails), nothing else. That is enough for a thaw and a fork: the ranks' own environment comes
+back with their memory (CRIU restores it), and the node's network settings are set anew by the
+agent; the only process a thaw starts from the spec is the job's rendezvous server, which needs
+the interpreter and its library paths. Every other variable (tokens, keys, credentials) is
+omitted, and only its name is recorded.
 """
 
 from __future__ import annotations
@@ -22,10 +24,12 @@ from snapshotter.storage.format import DEFAULT_TENANT, validate_name
 from snapshotter.v1 import common_pb2
 
 _JOB_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9_.-]{0,62}$")
-# What starts the job's interpreter on another node: never a secret.
+# What starts the job's interpreter on another node, and the job's own error file: never a
+# secret.
 KEPT_ENV = frozenset({
     "PATH", "PYTHONPATH", "PYTHONHOME", "PYTHONUNBUFFERED", "VIRTUAL_ENV", "CONDA_PREFIX",
     "LD_LIBRARY_PATH", "LANG", "LC_ALL", "HOME", "TZ",
+    "TORCHELASTIC_ERROR_FILE",  # a path, no secret (launch/rootcause.py)
 })  # fmt: skip
 
 

@@ -6,8 +6,9 @@ its exact size, and only then writes the manifest: the one write that makes a sn
 
 from __future__ import annotations
 
+import dataclasses
 import time
-from collections.abc import Collection, Mapping
+from collections.abc import Callable, Collection, Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any
 
@@ -64,11 +65,15 @@ def commit_snapshot(
     put_now: Collection[str] = (),
     signer: Signer | None = None,
     sealed: fmt.Sealing | None = None,
+    stamp: Callable[[], Mapping[str, Any]] | None = None,
 ) -> fmt.Manifest:
     """Write the manifest of `snapshot_id` from streams given as `StreamInfo.to_dict()`.
     `put_now`: as for `check_stored`. `signer`: signs the manifest (signing.py); its
     signature is written first, so a committed snapshot is signed from its first moment.
     `sealed`: the data key the streams' chunks were sealed with (format version 3).
+    `stamp`: called once every chunk is checked, just before the manifest is signed and
+    written; what it returns is added to meta (a freeze records there how long its commit
+    took), so it is covered by the checksum and the signature like the rest.
 
     Raises:
         InvalidArgument: a stream description or meta is malformed, or the id is taken.
@@ -91,6 +96,15 @@ def commit_snapshot(
             "pass only JSON-serializable values in meta and streams as StreamInfo.to_dict()",
         ) from e
     check_stored(store, manifest, put_now=put_now)
+    if stamp is not None:
+        try:
+            manifest = dataclasses.replace(manifest, meta={**manifest.meta, **stamp()})
+            body = manifest.to_json()
+        except (TypeError, ValueError) as e:
+            raise InvalidArgument(
+                f"cannot commit snapshot {snapshot_id!r}: {e}",
+                "stamp the manifest with JSON-serializable values only",
+            ) from e
     key = fmt.manifest_key(snapshot_id)
     if store.head(key) is not None:
         raise InvalidArgument(

@@ -14,7 +14,7 @@ import hashlib
 import io
 import os
 import tarfile
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from pathlib import Path, PurePosixPath
 from typing import Any, BinaryIO, Protocol, cast
 
@@ -84,26 +84,45 @@ def tar_directory(root: Path, out: Sink, on_file: Callable[[int], None] | None =
         fileobj=cast(BinaryIO, _Counted(out)), mode="w", format=tarfile.PAX_FORMAT
     ) as tar:
         tar.copybufsize = COPY_BUFSIZE  # type: ignore[attr-defined]  # in CPython, not typeshed
-        for entry in sorted(os.listdir(root)):
-            _add(tar, root / entry, entry, on_file)
+        for info, path in _members(tar, root):
+            if info.isreg():
+                with open(path, "rb") as f:
+                    src: BinaryIO = f
+                    if on_file is not None:
+                        src = cast(BinaryIO, _Marked(f, info.size, on_file))
+                    tar.addfile(info, src)
+            else:
+                tar.addfile(info)
 
 
-def _add(
-    tar: tarfile.TarFile, path: Path, arcname: str, on_file: Callable[[int], None] | None
-) -> None:
-    info = tar.gettarinfo(path, arcname)
-    if info.isreg():
-        with open(path, "rb") as f:
-            src: BinaryIO = f
-            if on_file is not None:
-                src = cast(BinaryIO, _Marked(f, info.size, on_file))
-            tar.addfile(info, src)
-    elif info.isdir():
-        tar.addfile(info)
-        for entry in sorted(os.listdir(path)):
-            _add(tar, path / entry, f"{arcname}/{entry}", on_file)
-    else:
-        tar.addfile(info)
+def tar_size(root: Path) -> int:
+    """The number of bytes `tar_directory(root, ...)` writes, from the tree's metadata alone
+    (no file is read): what an upload's progress counts up to. Headers as `addfile` makes
+    them, file data padded to blocks, the end blocks padded to a record: exact while the tree
+    does not change."""
+    size = 0
+    with tarfile.open(fileobj=io.BytesIO(), mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for info, _ in _members(tar, root):
+            size += len(info.tobuf(tar.format, tar.encoding, tar.errors))
+            if info.isreg():
+                size += -(-info.size // tarfile.BLOCKSIZE) * tarfile.BLOCKSIZE
+    size += 2 * tarfile.BLOCKSIZE
+    return -(-size // tarfile.RECORDSIZE) * tarfile.RECORDSIZE
+
+
+def _members(tar: tarfile.TarFile, root: Path) -> Iterator[tuple[tarfile.TarInfo, Path]]:
+    """The entries under `root` in archive order (sorted, each directory before what it
+    holds), as `tar` describes them: it notes hard links as it goes, so one `tar` per walk."""
+
+    def walk(path: Path, arcname: str) -> Iterator[tuple[tarfile.TarInfo, Path]]:
+        info = tar.gettarinfo(path, arcname)
+        yield info, path
+        if info.isdir():
+            for entry in sorted(os.listdir(path)):
+                yield from walk(path / entry, f"{arcname}/{entry}")
+
+    for entry in sorted(os.listdir(root)):
+        yield from walk(root / entry, entry)
 
 
 class _ChunkHasher:

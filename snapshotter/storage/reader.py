@@ -371,14 +371,20 @@ class SnapshotReader:
         return {n: dest for n, _, dest in jobs}
 
     def fetch_and_extract(
-        self, dests: Mapping[str, str | os.PathLike[str]]
+        self,
+        dests: Mapping[str, str | os.PathLike[str]],
+        progress: Callable[[int], None] | None = None,
     ) -> dict[str, Path]:
         """Fetch and unpack each {stream: dest_path}, streams side by side, with no staged copy:
         each stream's chunks are fetched in order, up to `2 * workers` ahead, and each is
         checked (sha256 of its raw bytes) before the archive reader sees any of its bytes. A
         stream is unpacked into a temp directory renamed into place only once all of it
         verified. All or nothing, as `extract_directories`: on any failure every destination
-        already extracted is removed."""
+        already extracted is removed.
+
+        `progress(raw_bytes)` is called once per chunk as it is handed to the unpacking, from
+        several threads at once (the caller counts under a lock); over a fetch that succeeds
+        its calls add up to the streams' `raw_size`. What it raises fails the fetch."""
         manifest = self.manifest()
         unknown = [n for n in dests if n not in manifest.streams]
         if unknown:
@@ -397,7 +403,9 @@ class SnapshotReader:
         def one(name: str, dest: Path) -> Path:
             if cancel.is_set():
                 raise _Cancelled()
-            src = _FetchedChunks(self, manifest.streams[name], fetchers, 2 * self.workers, cancel)
+            src = _FetchedChunks(
+                self, manifest.streams[name], fetchers, 2 * self.workers, cancel, progress
+            )
             self._untar(name, src, dest)
             return dest
 
@@ -627,10 +635,11 @@ class _FetchedChunks(_ChunkSource):
         pool: ThreadPoolExecutor,
         ahead: int,
         cancel: threading.Event,
+        progress: Callable[[int], None] | None = None,
     ) -> None:
         super().__init__()
         self._reader, self._stream, self._pool = reader, stream, pool
-        self._ahead, self._cancel = ahead, cancel
+        self._ahead, self._cancel, self._progress = ahead, cancel, progress
         self._pending: deque[Future[bytes]] = deque()
         self._next = 0
         self._raw = memoryview(b"")
@@ -651,6 +660,8 @@ class _FetchedChunks(_ChunkSource):
         raw = self._pending.popleft().result()
         self._fill()
         self._raw = memoryview(raw)
+        if self._progress is not None:
+            self._progress(len(raw))
         return True
 
     def close(self) -> None:

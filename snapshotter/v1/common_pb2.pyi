@@ -152,18 +152,22 @@ class Recovery(_message.Message):
     def __init__(self, mode: _Optional[str] = ..., spares: _Optional[_Iterable[str]] = ..., max_tries: _Optional[int] = ..., window_s: _Optional[float] = ..., hang_deadline_s: _Optional[float] = ...) -> None: ...
 
 class RankState(_message.Message):
-    __slots__ = ("rank", "local_rank", "pid", "exit_code", "failed_first")
+    __slots__ = ("rank", "local_rank", "pid", "exit_code", "failed_first", "error", "error_time")
     RANK_FIELD_NUMBER: _ClassVar[int]
     LOCAL_RANK_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     FAILED_FIRST_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    ERROR_TIME_FIELD_NUMBER: _ClassVar[int]
     rank: int
     local_rank: int
     pid: int
     exit_code: int
     failed_first: bool
-    def __init__(self, rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., failed_first: _Optional[bool] = ...) -> None: ...
+    error: str
+    error_time: float
+    def __init__(self, rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., pid: _Optional[int] = ..., exit_code: _Optional[int] = ..., failed_first: _Optional[bool] = ..., error: _Optional[str] = ..., error_time: _Optional[float] = ...) -> None: ...
 
 class GpuInfo(_message.Message):
     __slots__ = ("uuid", "name", "memory")
@@ -190,7 +194,7 @@ class GpuRecord(_message.Message):
     def __init__(self, gpus: _Optional[_Iterable[_Union[GpuInfo, _Mapping]]] = ..., processes: _Optional[int] = ..., state_bytes: _Optional[int] = ..., lock_s: _Optional[float] = ..., checkpoint_s: _Optional[float] = ...) -> None: ...
 
 class RankRecord(_message.Message):
-    __slots__ = ("rank", "local_rank", "node_rank", "stream", "inodes", "init_cwd", "image_bytes", "dump_s", "gpu")
+    __slots__ = ("rank", "local_rank", "node_rank", "stream", "inodes", "init_cwd", "image_bytes", "dump_s", "gpu", "dump_start", "dump_end")
     class InodesEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -207,6 +211,8 @@ class RankRecord(_message.Message):
     IMAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
     DUMP_S_FIELD_NUMBER: _ClassVar[int]
     GPU_FIELD_NUMBER: _ClassVar[int]
+    DUMP_START_FIELD_NUMBER: _ClassVar[int]
+    DUMP_END_FIELD_NUMBER: _ClassVar[int]
     rank: int
     local_rank: int
     node_rank: int
@@ -216,7 +222,9 @@ class RankRecord(_message.Message):
     image_bytes: int
     dump_s: float
     gpu: GpuRecord
-    def __init__(self, rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., node_rank: _Optional[int] = ..., stream: _Optional[str] = ..., inodes: _Optional[_Mapping[str, int]] = ..., init_cwd: _Optional[str] = ..., image_bytes: _Optional[int] = ..., dump_s: _Optional[float] = ..., gpu: _Optional[_Union[GpuRecord, _Mapping]] = ...) -> None: ...
+    dump_start: float
+    dump_end: float
+    def __init__(self, rank: _Optional[int] = ..., local_rank: _Optional[int] = ..., node_rank: _Optional[int] = ..., stream: _Optional[str] = ..., inodes: _Optional[_Mapping[str, int]] = ..., init_cwd: _Optional[str] = ..., image_bytes: _Optional[int] = ..., dump_s: _Optional[float] = ..., gpu: _Optional[_Union[GpuRecord, _Mapping]] = ..., dump_start: _Optional[float] = ..., dump_end: _Optional[float] = ...) -> None: ...
 
 class ChunkInfo(_message.Message):
     __slots__ = ("index", "key", "raw_size", "stored_size", "sha256", "raw_sha256", "xxh3")
@@ -251,20 +259,22 @@ class StreamInfo(_message.Message):
     def __init__(self, name: _Optional[str] = ..., raw_size: _Optional[int] = ..., chunk_size: _Optional[int] = ..., chunks: _Optional[_Iterable[_Union[ChunkInfo, _Mapping]]] = ..., chunking: _Optional[str] = ...) -> None: ...
 
 class TransferProgress(_message.Message):
-    __slots__ = ("node", "stream", "raw_bytes", "stored_bytes", "rate", "uploaded_bytes")
+    __slots__ = ("node", "stream", "raw_bytes", "stored_bytes", "rate", "uploaded_bytes", "total_bytes")
     NODE_FIELD_NUMBER: _ClassVar[int]
     STREAM_FIELD_NUMBER: _ClassVar[int]
     RAW_BYTES_FIELD_NUMBER: _ClassVar[int]
     STORED_BYTES_FIELD_NUMBER: _ClassVar[int]
     RATE_FIELD_NUMBER: _ClassVar[int]
     UPLOADED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    TOTAL_BYTES_FIELD_NUMBER: _ClassVar[int]
     node: str
     stream: str
     raw_bytes: int
     stored_bytes: int
     rate: float
     uploaded_bytes: int
-    def __init__(self, node: _Optional[str] = ..., stream: _Optional[str] = ..., raw_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., rate: _Optional[float] = ..., uploaded_bytes: _Optional[int] = ...) -> None: ...
+    total_bytes: int
+    def __init__(self, node: _Optional[str] = ..., stream: _Optional[str] = ..., raw_bytes: _Optional[int] = ..., stored_bytes: _Optional[int] = ..., rate: _Optional[float] = ..., uploaded_bytes: _Optional[int] = ..., total_bytes: _Optional[int] = ...) -> None: ...
 
 class LogChunk(_message.Message):
     __slots__ = ("rank", "offset", "data")

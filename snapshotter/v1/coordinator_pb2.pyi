@@ -41,7 +41,7 @@ class Fence(_message.Message):
     def __init__(self, epoch: _Optional[int] = ..., id: _Optional[str] = ...) -> None: ...
 
 class NodeInfo(_message.Message):
-    __slots__ = ("name", "address", "live", "heartbeat_age_s", "agent", "error", "links", "drained_links")
+    __slots__ = ("name", "address", "live", "heartbeat_age_s", "agent", "error", "links", "drained_links", "draining")
     NAME_FIELD_NUMBER: _ClassVar[int]
     ADDRESS_FIELD_NUMBER: _ClassVar[int]
     LIVE_FIELD_NUMBER: _ClassVar[int]
@@ -50,6 +50,7 @@ class NodeInfo(_message.Message):
     ERROR_FIELD_NUMBER: _ClassVar[int]
     LINKS_FIELD_NUMBER: _ClassVar[int]
     DRAINED_LINKS_FIELD_NUMBER: _ClassVar[int]
+    DRAINING_FIELD_NUMBER: _ClassVar[int]
     name: str
     address: str
     live: bool
@@ -58,7 +59,8 @@ class NodeInfo(_message.Message):
     error: str
     links: _containers.RepeatedCompositeFieldContainer[_common_pb2.LinkState]
     drained_links: _containers.RepeatedScalarFieldContainer[str]
-    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., live: _Optional[bool] = ..., heartbeat_age_s: _Optional[float] = ..., agent: _Optional[_Union[_common_pb2.AgentInfo, _Mapping]] = ..., error: _Optional[str] = ..., links: _Optional[_Iterable[_Union[_common_pb2.LinkState, _Mapping]]] = ..., drained_links: _Optional[_Iterable[str]] = ...) -> None: ...
+    draining: bool
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., live: _Optional[bool] = ..., heartbeat_age_s: _Optional[float] = ..., agent: _Optional[_Union[_common_pb2.AgentInfo, _Mapping]] = ..., error: _Optional[str] = ..., links: _Optional[_Iterable[_Union[_common_pb2.LinkState, _Mapping]]] = ..., drained_links: _Optional[_Iterable[str]] = ..., draining: _Optional[bool] = ...) -> None: ...
 
 class NodeList(_message.Message):
     __slots__ = ("nodes",)
@@ -310,7 +312,7 @@ class FreezeRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., stop: _Optional[bool] = ..., quiesce_timeout_s: _Optional[float] = ...) -> None: ...
 
 class FreezeStats(_message.Message):
-    __slots__ = ("quiesce_s", "dump_s", "upload_s", "stall_s", "image_bytes", "uploads", "total_s", "uploaded_bytes")
+    __slots__ = ("quiesce_s", "dump_s", "upload_s", "stall_s", "image_bytes", "uploads", "total_s", "uploaded_bytes", "spans")
     QUIESCE_S_FIELD_NUMBER: _ClassVar[int]
     DUMP_S_FIELD_NUMBER: _ClassVar[int]
     UPLOAD_S_FIELD_NUMBER: _ClassVar[int]
@@ -319,6 +321,7 @@ class FreezeStats(_message.Message):
     UPLOADS_FIELD_NUMBER: _ClassVar[int]
     TOTAL_S_FIELD_NUMBER: _ClassVar[int]
     UPLOADED_BYTES_FIELD_NUMBER: _ClassVar[int]
+    SPANS_FIELD_NUMBER: _ClassVar[int]
     quiesce_s: float
     dump_s: float
     upload_s: float
@@ -327,7 +330,22 @@ class FreezeStats(_message.Message):
     uploads: _containers.RepeatedCompositeFieldContainer[_common_pb2.UploadWindow]
     total_s: float
     uploaded_bytes: int
-    def __init__(self, quiesce_s: _Optional[float] = ..., dump_s: _Optional[float] = ..., upload_s: _Optional[float] = ..., stall_s: _Optional[float] = ..., image_bytes: _Optional[int] = ..., uploads: _Optional[_Iterable[_Union[_common_pb2.UploadWindow, _Mapping]]] = ..., total_s: _Optional[float] = ..., uploaded_bytes: _Optional[int] = ...) -> None: ...
+    spans: _containers.RepeatedCompositeFieldContainer[Span]
+    def __init__(self, quiesce_s: _Optional[float] = ..., dump_s: _Optional[float] = ..., upload_s: _Optional[float] = ..., stall_s: _Optional[float] = ..., image_bytes: _Optional[int] = ..., uploads: _Optional[_Iterable[_Union[_common_pb2.UploadWindow, _Mapping]]] = ..., total_s: _Optional[float] = ..., uploaded_bytes: _Optional[int] = ..., spans: _Optional[_Iterable[_Union[Span, _Mapping]]] = ...) -> None: ...
+
+class Span(_message.Message):
+    __slots__ = ("node", "rank", "phase", "start", "end")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    PHASE_FIELD_NUMBER: _ClassVar[int]
+    START_FIELD_NUMBER: _ClassVar[int]
+    END_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    rank: int
+    phase: str
+    start: float
+    end: float
+    def __init__(self, node: _Optional[str] = ..., rank: _Optional[int] = ..., phase: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ...) -> None: ...
 
 class FreezeDone(_message.Message):
     __slots__ = ("snapshot_id", "stopped", "stats")

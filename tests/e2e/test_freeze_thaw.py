@@ -93,6 +93,17 @@ def test_freeze_and_continue_is_bit_identical(
     assert st["state"] == "SUCCEEDED", st
     assert read_result(out) == reference
     assert res["snapshot_id"] in [s["snapshot_id"] for s in snap.json("list")["snapshots"]]
+    # Where the freeze's time went, per node and rank, as text and as a Chrome trace.
+    assert {"finish", "resume"} <= {sp["phase"] for sp in res["stats"]["spans"]}
+    chart = snap.run("show", res["snapshot_id"], "--timeline").stdout
+    for phase in ("prepare", "park", "suspend", "dump", "resume", "upload", "commit"):
+        assert f" {phase} " in chart, chart
+    assert "  rank 0 " in chart and "  rank 1 " in chart, chart
+    snap.run("show", res["snapshot_id"], "--trace", str(tmp_path / "f.json"))
+    xs = [e for e in json.loads((tmp_path / "f.json").read_text())["traceEvents"]
+          if e["ph"] == "X"]  # fmt: skip
+    assert sorted(e["args"]["rank"] for e in xs if e["name"] == "dump" and e["tid"]) == [0, 1]
+    assert all(e["ts"] >= 0 and e["dur"] >= 0 for e in xs)
 
 
 def test_thaw_a_fork_while_the_original_runs(

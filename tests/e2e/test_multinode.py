@@ -11,6 +11,7 @@ import json
 import os
 import signal
 import subprocess
+import sys
 import time
 from collections.abc import Iterator
 from pathlib import Path
@@ -18,7 +19,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cli import ROOT, TORCHRUN, TRAIN
+from tests.support.cli import ROOT, TORCHRUN, TRAIN, SnapCli
 from tests.support.disk import shed_bulk
 from tests.support.multinode import (
     Deployment,
@@ -239,6 +240,10 @@ def test_policy_snapshots_a_lost_node_replaced_by_a_spare_and_a_drain(
 
     try:
         until("third policy snapshot", lambda: len(events("snapshot")) >= 3)
+        # Each policy snapshot's lag behind its due time is observed (the coordinator's
+        # endpoint; earlier tests' jobs had no policy).
+        lag = deployment.metrics()
+        assert lag["snapshotter_policy_lag_seconds_count"] >= 3, lag
         kept = {s["snapshot_id"] for s in cli.json("list", "--job", job)["snapshots"]}
         expired = {e["snapshot_id"] for e in events("snapshot")} - kept
         assert 1 <= len(kept) <= 2 and expired, (kept, expired)
@@ -273,11 +278,21 @@ def test_policy_snapshots_a_lost_node_replaced_by_a_spare_and_a_drain(
         st = cli.wait(job)
         assert st["state"] == "SUCCEEDED", (st, deployment.logs())
         assert read_json(out) == reference
+        # Node a drained itself as it stopped: a new agent there takes jobs again, with no
+        # `drain --undo` (a rolling restart must not leave every node drained).
+        assert _node(cli, "a")["draining"]
+        deployment.start_agent("a")
+        deployment.wait_agents(["a", "b", "c"])
+        assert not _node(cli, "a")["draining"]
     finally:
         cli.run("drain", "a", "--undo", check=False)
         for name in ("a", "b"):
             if deployment.agents[name].poll() is not None:
                 deployment.start_agent(name)
+
+
+def _node(cli: Any, name: str) -> dict[str, Any]:
+    return next(n for n in cli.json("nodes")["nodes"] if n["name"] == name)  # type: ignore[no-any-return]
 
 
 def test_migrate_a_node_onto_a_spare_while_the_other_stays_in_memory(
@@ -594,10 +609,52 @@ def test_a_transformers_trainer_job_migrates_and_finishes_like_torchrun(
     assert steps == sorted(set(steps)) and steps[-1] == 160, steps[-20:]
 
 
+def test_the_per_node_launch_idiom_starts_one_job(
+    deployment: Deployment, reference: dict, tmp_path: Path
+) -> None:
+    """`srun torchrun --nnodes 2 --node-rank $SLURM_NODEID --rdzv-id ID ...` with torchrun
+    replaced by `snapshotter run`: node b's launch (started first, in b's namespace) waits for
+    node a's, which starts the job; one 2-node job runs, each launch shows its own node's
+    ranks and ends with the job's status."""
+    out = tmp_path / "out.json"
+
+    def launch(node: str, k: int) -> subprocess.Popen[str]:
+        return deployment.cluster[node].popen(
+            [sys.executable, "-m", "snapshotter", "run", "--nnodes", "2", "--nproc-per-node",
+             "2", "--node-rank", str(k), "--rdzv-id", "per-node", "--nodes", "a,b", str(TRAIN),
+             "--out", str(out), *ARGS],
+            env=deployment.cli.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+            text=True,
+        )  # fmt: skip
+
+    follower = launch("b", 1)
+    leader = launch("a", 0)
+    try:
+        (lead_out, lead_err), (follow_out, follow_err) = (
+            p.communicate(timeout=400) for p in (leader, follower)
+        )
+    finally:
+        for p in (leader, follower):
+            if p.poll() is None:
+                p.kill()
+    assert leader.returncode == 0 and follower.returncode == 0, (lead_err, follow_err)
+    assert "joined job per-node" in follow_err and "started job per-node" in lead_err
+    assert [j["job_id"] for j in deployment.cli.json("jobs")["jobs"]].count("per-node") == 1
+    st = deployment.cli.json("status", "per-node")
+    assert st["state"] == "SUCCEEDED" and st["nodes"] == ["a", "b"], st
+    for shown, hidden, text in (((0, 1), (2, 3), lead_out), ((2, 3), (0, 1), follow_out)):
+        assert all(f"rank {r} done" in text for r in shown), text[-2000:]
+        assert not any(f"rank {r} " in text for r in hidden), text[-2000:]
+    assert read_json(out) == reference
+    nodes = {line.split()[0]: line for line in deployment.cli.run("nodes").stdout.splitlines()}
+    assert {"a", "b", "c"} <= set(nodes) and " ok " in nodes["a"], nodes
+
+
 def test_a_drain_under_recover_auto_migrates_instead_of_freezing(
     deployment: Deployment, reference: dict, tmp_path: Path
 ) -> None:
-    """`drain b` of a job run with --recover auto and spare c: ranks 2 and 3 migrate to c,
+    """`drain b --self` (node b's certificate, as its preStop hook) of a job run with --recover
+    auto and spare c: ranks 2 and 3 migrate to c,
     ranks 0 and 1 stay the same processes, no snapshot is taken, and the run ends with the
     parameters of an uninterrupted one."""
     cli = deployment.cli
@@ -608,8 +665,16 @@ def test_a_drain_under_recover_auto_migrates_instead_of_freezing(
     job = p.stdout.strip().splitlines()[-1]
     cli.wait_step(job, 30)
     on_a = set(rank_sandbox_pids(deployment.cluster)) & set(pids_in_node(deployment.cluster, "a"))
+    # As a Kubernetes preStop hook does it: the node drains itself with its own certificate
+    # (deploy/k8s), which may drain no other node.
+    node_b = SnapCli(tmp_path / "node-b", {"SNAPSHOTTER_COORDINATOR": deployment.coordinator,
+                                           "SNAPSHOTTER_TLS_DIR": str(deployment.tls_dir),
+                                           "SNAPSHOTTER_TLS_NAME": "nodes/b"})  # fmt: skip
+    p = node_b.run("drain", "a", "--self", check=False)
+    assert p.returncode != 0 and "drains only its own node" in p.stderr, p.stderr
+    assert "Traceback" not in p.stderr
     try:
-        res = cli.json("drain", "b")
+        res = node_b.json("drain", "b", "--self")
     finally:
         cli.run("drain", "b", "--undo")
     # Only this job: jobs of earlier tests whose agents restarted since are not b's any more.

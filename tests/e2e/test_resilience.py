@@ -16,6 +16,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -88,6 +89,26 @@ def _run(cli: SnapCli, out: Path, *flags: str, train: tuple[str, ...] = ()) -> s
     return p.stdout.strip().splitlines()[-1]
 
 
+def _signalled_at_step(
+    cli: SnapCli, argv: list[str], job: str, step: int, sig: signal.Signals,
+    env: dict[str, str] | None = None, before: Callable[[], None] | None = None,
+) -> tuple[subprocess.Popen[str], str, str]:
+    """Run `argv` in the foreground, send it `sig` once `job` reached `step` (`before` runs
+    just before the signal); the process and its output once it ended."""
+    proc = subprocess.Popen(argv, env=env or cli.env, cwd=ROOT, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)  # fmt: skip
+    try:
+        cli.wait_step(job, step)
+        if before is not None:
+            before()
+        proc.send_signal(sig)
+        stdout, stderr = proc.communicate(timeout=120)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+    return proc, stdout, stderr
+
+
 def test_policy_snapshots_retention_and_recovery_of_a_killed_rank(
     cli: SnapCli, reference: str, tmp_path: Path
 ) -> None:
@@ -150,6 +171,8 @@ def test_a_bug_after_every_thaw_is_given_up_with_its_traceback(
     assert kinds[-1] == "gave_up", kinds
     assert "injected bug at step 150 on rank 1" in final["gave_up"], final["gave_up"]
     assert "Traceback (most recent call last)" in final["gave_up"]
+    ranks = {r["rank"]: r for r in cli.json("status", job)["ranks"]}
+    assert "injected bug at step 150 on rank 1" in ranks[1]["error"], ranks  # its @record's
     p = cli.run("status", job)
     assert "recovery stopped" in p.stdout and "injected bug" in p.stdout
 
@@ -158,19 +181,10 @@ def test_sigterm_to_a_foreground_run_freezes_and_stops_it(
     cli: SnapCli, reference: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "out.json"
-    fg = subprocess.Popen(
-        [sys.executable, "-m", "snapshotter", "run", "--nproc-per-node", "2", "--job-id",
-         "preempted", "--preempt-grace", "30", str(TRAIN), "--out", str(out), "--steps", STEPS,
-         *PACE],
-        env=cli.env, cwd=ROOT, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
-    try:
-        cli.wait_step("preempted", 40)
-        fg.send_signal(signal.SIGTERM)
-        stdout, stderr = fg.communicate(timeout=120)
-    finally:
-        if fg.poll() is None:
-            fg.kill()
+    fg, stdout, stderr = _signalled_at_step(
+        cli, [sys.executable, "-m", "snapshotter", "run", "--nproc-per-node", "2", "--job-id",
+              "preempted", "--preempt-grace", "30", str(TRAIN), "--out", str(out), "--steps",
+              STEPS, *PACE], "preempted", 40, signal.SIGTERM)  # fmt: skip
     assert fg.returncode == 0, stderr
     assert "frozen and stopped" in stdout, stdout[-2000:]
     sid = stdout.strip().splitlines()[-1]
@@ -178,6 +192,120 @@ def test_sigterm_to_a_foreground_run_freezes_and_stops_it(
     assert cli.json("thaw", sid)["job_id"] == "preempted"
     assert cli.wait("preempted")["state"] == "SUCCEEDED"
     assert read_result(out)["digest"] == reference
+
+
+SLURM = ROOT / "deploy" / "slurm" / "snapshotter-slurm"
+STUB_SCONTROL = """#!/bin/sh
+echo "$@" >> "$(dirname "$0")/scontrol.calls"
+"""
+
+
+def test_slurm_usr1_freezes_requeues_and_the_requeued_job_thaws(
+    cli: SnapCli, reference: str, tmp_path: Path
+) -> None:
+    """deploy/slurm/snapshotter-slurm as a batch script runs it: Slurm's --signal=B:USR1 (a
+    real USR1 to the wrapper's process) freezes and stops the job, the wrapper asks scontrol
+    (a stub: Slurm is not installed here) to requeue it; the requeued start thaws the newest
+    snapshot and the run ends with the parameters of an uninterrupted one."""
+    out = tmp_path / "out.json"
+    scontrol = tmp_path / "scontrol"
+    scontrol.write_text(STUB_SCONTROL)
+    scontrol.chmod(0o755)
+    env = {**cli.env, "SLURM_JOB_ID": "4242", "SCONTROL": str(scontrol),
+           "SNAPSHOTTER": str(Path(sys.executable).parent / "snapshotter")}  # fmt: skip
+    argv = [str(SLURM), "--nproc-per-node", "2", "--preempt-grace", "60", str(TRAIN), "--out",
+            str(out), "--steps", STEPS, *PACE]  # fmt: skip
+    batch, stdout, stderr = _signalled_at_step(cli, argv, "slurm-4242", 40, signal.SIGUSR1, env)
+    assert batch.returncode == 0, stderr
+    assert "frozen and stopped" in stdout and "requeueing Slurm job 4242" in stderr, stderr
+    assert (tmp_path / "scontrol.calls").read_text().splitlines() == ["requeue 4242"]
+    assert cli.json("status", "slurm-4242")["state"] == "FROZEN"
+    # Slurm starts the batch script again (SLURM_RESTART_COUNT=1): the same command resumes.
+    again = subprocess.run(argv, env={**env, "SLURM_RESTART_COUNT": "1"}, cwd=ROOT,
+                           capture_output=True, text=True, timeout=400)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert "resuming job slurm-4242 from its newest snapshot" in again.stderr, again.stderr
+    assert cli.json("status", "slurm-4242")["state"] == "SUCCEEDED"
+    assert read_result(out)["digest"] == reference
+    assert (tmp_path / "scontrol.calls").read_text().splitlines() == ["requeue 4242"]
+
+
+def test_the_slurm_wrapper_outside_slurm_says_what_to_do(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("SLURM_")}
+    p = subprocess.run([str(SLURM), str(TRAIN)], env=env, capture_output=True, text=True)
+    assert p.returncode == 2 and "SLURM_JOB_ID is not set" in p.stderr and "next:" in p.stderr
+
+
+def test_ctrl_c_stops_a_foreground_run(cli: SnapCli, tmp_path: Path) -> None:
+    """Ctrl-C (SIGINT to the foreground `run`) stops the job's ranks, as torchrun does; it is
+    not left running behind the terminal. torchrun's output flags route the ranks' output:
+    --tee 3 into --log-dir (torchrun's layout), --local-ranks-filter 0 on the console."""
+    logs = tmp_path / "logs"
+    argv = [sys.executable, "-m", "snapshotter", "run", "--nproc-per-node", "2", "--job-id",
+            "interrupted", "--log-dir", str(logs), "--tee", "3", "--local-ranks-filter", "0",
+            str(TRAIN), "--out", str(tmp_path / "out.json"), "--steps", STEPS, *PACE]  # fmt: skip
+    ranks: list[int] = []
+
+    def at_step_20() -> None:
+        ranks.extend(_rank(cli, "interrupted", r) for r in (0, 1))
+
+    fg, stdout, stderr = _signalled_at_step(cli, argv, "interrupted", 20, signal.SIGINT,
+                                            before=at_step_20)  # fmt: skip
+    assert fg.returncode == 130, stderr
+    assert "interrupted: stopping job interrupted" in stderr and "Traceback" not in stderr
+    assert cli.json("status", "interrupted")["state"] == "CANCELLED"
+    assert ranks and not any(_pid_running(pid) for pid in ranks), ranks
+    assert "rank 0 step 20 " in stdout and "rank 1 " not in stdout, stdout[-2000:]
+    for r in (0, 1):
+        text = (logs / "interrupted" / "attempt_0" / str(r) / "stdout.log").read_text()
+        assert f"rank {r} step 20 " in text, text[-2000:]
+    tail = cli.run("logs", "interrupted", "--tail", "2").stdout.splitlines()
+    assert [line[:9] for line in tail] == ["[rank0]: "] * 2 + ["[rank1]: "] * 2, tail
+
+
+def _pid_running(pid: int) -> bool:
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rsplit(")", 1)[1].split()[0] != "Z"
+    except OSError:
+        return False
+
+
+def test_freeze_and_thaw_on_a_terminal_draw_progress_bars(
+    cli: SnapCli, reference: str, tmp_path: Path
+) -> None:
+    """`freeze --stop` and `thaw` under a pseudo-terminal (`script`): rich bars with bytes,
+    percent and rate for the upload and for the thaw's fetch; the thawed job ends as an
+    uninterrupted one."""
+    out = tmp_path / "out.json"
+    job = _run(cli, out)
+    cli.wait_step(job, 20)
+
+    def on_a_terminal(*args: str) -> str:
+        cmd = shlex.join([sys.executable, "-m", "snapshotter", *args])
+        p = subprocess.run(["script", "-qfec", cmd, "/dev/null"], cwd=ROOT, capture_output=True,
+                           text=True, timeout=300,
+                           env={**cli.env, "TERM": "xterm-256color", "COLUMNS": "120"})  # fmt: skip
+        screen = re.sub(r"\x1b\[[0-9;?]*[A-Za-z]", "", p.stdout)
+        assert p.returncode == 0, screen[-3000:]
+        return screen
+
+    frozen = on_a_terminal("freeze", job, "--stop")
+    assert re.search(r"upload \S+ +━+.* 100% .*GiB|upload \S+ +━+.* 100% .*MiB", frozen), frozen
+    assert "] dump" in frozen and "committed" in frozen, frozen[-3000:]
+    (snap,) = [s["snapshot_id"] for s in cli.json("list", "--job", job)["snapshots"]]
+    thawed = on_a_terminal("thaw", snap)
+    assert re.search(r"fetch \S+ +━+.* 100% ", thawed), thawed[-3000:]
+    # `logs --follow` of every rank: prefixed lines as they come, until the job ends.
+    follow = subprocess.run([sys.executable, "-m", "snapshotter", "logs", job, "--follow"],
+                            env=cli.env, cwd=ROOT, capture_output=True, text=True,
+                            timeout=300)  # fmt: skip
+    assert cli.wait(job)["state"] == "SUCCEEDED"
+    assert read_result(out)["digest"] == reference
+    lines = follow.stdout.splitlines()
+    assert follow.returncode == 0 and lines, follow.stderr
+    assert all(re.match(r"\[rank[01]\]: ", line) for line in lines), lines[:5]
+    assert any(line.startswith("[rank1]: rank 1 done steps") for line in lines), lines[-5:]
 
 
 def test_flags_are_checked_before_anything_starts(cli: SnapCli) -> None:

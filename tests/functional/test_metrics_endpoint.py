@@ -41,8 +41,9 @@ def coordinator(tmp_path: Path) -> Iterator[tuple[str, str, str]]:
     proc = subprocess.Popen(
         [sys.executable, "-m", "snapshotter", "coordinator", "--listen", "127.0.0.1:0",
          "--metrics-listen", "127.0.0.1:0", "--store", str(tmp_path / "store"),
-         "--tokens", str(tokens)],
-        env=env, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True, cwd=ROOT,
+         "--tokens", str(tokens), "--log-format", "json", "--log-level", "debug"],
+        env=env, stdout=subprocess.PIPE, stderr=(tmp_path / "coordinator.log").open("wb"),
+        text=True, cwd=ROOT,
     )  # fmt: skip
     CENSUS.keep(proc.pid, "function", "metrics endpoint test")
     try:
@@ -79,3 +80,22 @@ def test_the_coordinator_counts_every_rpc_and_serves_its_gauges(
     after = _scrape(url)
     assert after[ping_ok] == before.get(ping_ok, 0) + 3, after
     assert after[refused] == before.get(refused, 0) + 1, after
+
+
+def test_the_coordinator_logs_json_lines(
+    coordinator: tuple[str, str, str], tmp_path: Path
+) -> None:
+    """--log-format json: every line of its log is one JSON object a log pipeline can read
+    (the level filter itself: tests/unit/test_servicelog.py)."""
+    address, _, token = coordinator
+    c = coordinator_client(Target(address, token=token))
+    try:
+        c.stub.Ping(common_pb2.Empty(), timeout=10)
+    finally:
+        c.close()
+    lines = (tmp_path / "coordinator.log").read_text().splitlines()
+    records = [json.loads(line) for line in lines]
+    assert records and all({"time", "level", "logger", "message", "pid"} <= r.keys()
+                           for r in records), lines[:3]  # fmt: skip
+    assert any(r["level"] == "info" and "coordinator" in r["message"] for r in records), lines
+    assert {r["level"] for r in records} <= {"debug", "info", "warning", "error"}

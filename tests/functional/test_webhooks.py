@@ -143,6 +143,18 @@ def test_freezes_and_thaws_a_person_asks_for_reach_the_tenant(
         done = [e for e in op.stub.Freeze(pb.FreezeRequest(job_id=job, stop=True), timeout=120)
                 if e.HasField("done")]  # fmt: skip
         sid = done[0].done.snapshot_id
+        # Where its time went: each phase on the node, the rank's dump, the commit (show has
+        # the same spans from the signed manifest, up to the commit; a listing has none).
+        spans = list(done[0].done.stats.spans)
+        assert {(s.node, s.phase) for s in spans if s.rank == -1} == {
+            ("n0", p) for p in ("prepare", "park", "suspend", "dump", "upload", "finish")
+        } | {("", "commit")}, spans
+        assert [s.rank for s in spans if s.rank >= 0] == [0] and all(
+            s.end >= s.start > 0 for s in spans)  # fmt: skip
+        shown = op.stub.ShowSnapshot(pb.SnapshotRef(snapshot_id=sid), timeout=30)
+        assert list(shown.summary.stats.spans) == [s for s in spans if s.phase != "finish"]
+        listed = op.stub.ListSnapshots(pb.ListSnapshotsRequest(job_id=job), timeout=30)
+        assert not any(s.stats.spans for s in listed.snapshots)
         thawed = [e for e in op.stub.Thaw(pb.ThawRequest(snapshot_id=sid), timeout=120)
                   if e.HasField("done")]  # fmt: skip
         assert thawed[0].done.job_id == job

@@ -30,6 +30,7 @@ from snapshotter.coordinator.policy import (
     format_duration,
     freeze_cost,
     job_mtbf,
+    lag_s,
     merge,
     normalize,
     parse_every,
@@ -583,3 +584,10 @@ def test_a_policy_freeze_parks_no_longer_than_the_hang_deadline() -> None:
     assert policy_quiesce_timeout(recovers=True, hang_deadline_s=600.0) == POLICY_QUIESCE_TIMEOUT_S
     assert policy_quiesce_timeout(recovers=False, hang_deadline_s=8.0) == POLICY_QUIESCE_TIMEOUT_S
     assert policy_quiesce_timeout(recovers=True, hang_deadline_s=0.1) == 1.0
+
+
+def test_lag_is_the_time_since_the_time_rule_made_it_due() -> None:
+    s = PolicyState(anchor=100.0)
+    assert lag_s(s, 170.0, 60.0) == 10.0  # due at 160, started at 170
+    assert lag_s(s, 150.0, 60.0) == 0.0  # the step rule made it due before the interval
+    assert lag_s(s, 170.0, None) == 0.0 and lag_s(PolicyState(), 170.0, 60.0) == 0.0
