@@ -263,14 +263,11 @@ def _attach(
                 if only is not None and r.rank not in only:
                     continue
                 local = r.rank % max(st.nproc_per_node, 1)
-                req = common_pb2.LogsRequest(job_id=job, rank=r.rank,
-                                             offset=offsets.get(r.rank, 0))  # fmt: skip
-                for chunk in c.stub.Logs(req):
-                    offsets[r.rank] = chunk.offset + len(chunk.data)
+                for data in _read_log(c, job, r.rank, offsets):
                     if routing.console(local):
-                        out.write(chunk.data)
+                        out.write(data)
                     if routing.to_file(local):
-                        files.write(r.rank, chunk.data)
+                        files.write(r.rank, data)
             out.flush()
             if done or (stop is not None and stop.is_set()):
                 return st  # type: ignore[no-any-return]
