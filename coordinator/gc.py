@@ -34,6 +34,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from snapshotter import errors
+from snapshotter.checkpoint import catalog
 from snapshotter.storage import format as fmt
 from snapshotter.storage.api import ObjectInfo, ObjectMissing, ObjectStore
 from snapshotter.storage.catalog import delete_snapshot, find_orphans, list_snapshots
@@ -274,3 +275,34 @@ def _summary(orphans: list[dict[str, Any]]) -> dict[str, int]:
         "failed": sum(o["action"] == FAILED for o in orphans),
         "failed_keys": sum(len(o["failed_keys"]) for o in orphans),
     }
+
+
+def checkpoint_gc_report(
+    store: ObjectStore, *, now: float, min_age_s: float = DEFAULT_MIN_AGE_S, delete: bool = False
+) -> dict[str, Any]:
+    """`gc_report` of the store's application-checkpoint namespace (checkpoint/catalog.py),
+    after its abandoned parts: parts of a save that never committed, older than the grace
+    period, are orphans too (their manifests go first, so their chunks are swept with the
+    rest in the same run). Checkpoint uploads run in agents this coordinator does not track:
+    the grace period alone protects them."""
+    check_min_age(min_age_s)
+    ckpts = catalog.checkpoint_store(store)
+    entries = []
+    for sid, age in sorted(catalog.orphan_parts(ckpts, min_age_s, now).items()):
+        entry: dict[str, Any] = {
+            "snapshot_id": sid, "objects": 1, "bytes": ckpts.head(fmt.manifest_key(sid)) or 0,
+            "newest_age_s": round(age, 3), "action": COLLECTABLE,
+            "reason": f"a part no committed checkpoint names, untouched for {min_age_s:.0f}s",
+            "failed_keys": [],
+        }  # fmt: skip
+        if delete:
+            try:
+                failed = delete_snapshot(ckpts, sid)
+            except errors.SnapshotNotFound:
+                failed = []  # someone else's gc took it
+            entry.update(action=FAILED if failed else DELETED, failed_keys=failed)
+        entries.append(entry)
+    report = gc_report(ckpts, frozenset(), now=now, min_age_s=min_age_s, delete=delete)
+    report["orphans"] = entries + report["orphans"]
+    report["summary"] = _summary(report["orphans"])
+    return report

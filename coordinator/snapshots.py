@@ -12,7 +12,7 @@ from collections.abc import Set as AbstractSet
 from typing import Any
 
 from snapshotter import errors
-from snapshotter.coordinator.gc import DEFAULT_MIN_AGE_S, gc_report
+from snapshotter.coordinator.gc import DEFAULT_MIN_AGE_S, checkpoint_gc_report, gc_report
 from snapshotter.rpc import convert
 from snapshotter.storage import format as fmt
 from snapshotter.storage.api import ObjectStore
@@ -100,4 +100,6 @@ def gc(
     still be writing)."""
     min_age = req.min_age_s if req.HasField("min_age_s") else DEFAULT_MIN_AGE_S
     report = gc_report(store, writing, now=now, min_age_s=min_age, delete=req.delete)
+    report["checkpoints"] = checkpoint_gc_report(store, now=now, min_age_s=min_age,
+                                                 delete=req.delete)  # fmt: skip
     return convert.parse(report, pb.GcReport)

@@ -154,6 +154,7 @@ def serve_embedded(paths: Paths, bind_host: str = "127.0.0.1") -> int:
         # Only root reaches the embedded agent (its socket): it may run what root may.
         policy=ExecPolicy(anything=True),
         retention=Retention(finished_jobs=keep_jobs()),
+        store_url=url,
     )
     agent = NodeAgent(settings, node_store(store, paths))
     agent_server = serve(
@@ -330,6 +331,7 @@ def serve_agent(cfg: AgentConfig) -> int:
         retention=Retention(finished_jobs=keep_jobs()),
         peer_tls=cfg.listen.tls,
         links=cfg.links,
+        store_url=cfg.store_url,
     )
     agent = NodeAgent(settings, node_store(open_store(cfg.store_url), cfg.paths))
     exporter = _metrics(cfg.metrics_listen, metrics.AGENT, cfg.listen, "agent")

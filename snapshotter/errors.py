@@ -84,6 +84,13 @@ class SnapshotNotFound(SnapshotterError):
         self.snapshot_id = snapshot_id
 
 
+class CheckpointNotFound(SnapshotterError):
+    """No committed application checkpoint by that name (snapshotter.checkpoint)."""
+
+    exit_code = 3
+    code = "checkpoint_not_found"
+
+
 class JobNotRunning(SnapshotterError):
     exit_code = 4
     code = "job_not_running"

@@ -29,6 +29,7 @@ from dataclasses import dataclass, field
 from snapshotter import __version__, errors
 from snapshotter.agent import keeping, settle
 from snapshotter.agent.allow import ExecPolicy
+from snapshotter.agent.checkpoints import CheckpointSpool
 from snapshotter.agent.freeze import Freezes
 from snapshotter.agent.launch import Launcher
 from snapshotter.agent.links import Links
@@ -93,6 +94,9 @@ class NodeSettings:
     peer_tls: TlsFiles | None = None
     # Its data links, in plane order (agent/links.py); none: one plane, the listen address's.
     links: tuple[str, ...] = ()
+    # The store URL this agent uploads to: its ranks' application checkpoints to that store
+    # go through the agent (agent/checkpoints.py); "" leaves them to the ranks.
+    store_url: str = ""
 
 
 class NodeAgent:
@@ -116,8 +120,14 @@ class NodeAgent:
         name = settings.name
         self.links = Links(settings.links, dict(settings.network_env))
         self.links.clear_bridges()  # a predecessor that died mid-reroute may have left some
-        env = self.links.env
         self.jobs = JobTable(name)
+        self.checkpoints = CheckpointSpool(self.paths.home / "ckpt-spool", store,
+                                           settings.store_url, self.jobs, self.incarnation)
+        links_env, ckpt_env = self.links.env, self.checkpoints.env
+
+        def env(plane: int = 0) -> dict[str, str]:
+            return {**links_env(plane), **ckpt_env()}
+
         self.sandboxes = Sandboxes(self.paths, self.keeper)
         self.rdzv = RdzvHost(settings.host, rdzv_spares())
         self.launcher = Launcher(
@@ -144,6 +154,7 @@ class NodeAgent:
         self.gpu_health = (settings.gpu_health or auto_health)()
         self._maintainer = threading.Thread(target=self._maintain, daemon=True, name="maintain")
         self._maintainer.start()
+        self.checkpoints.start()
 
     def _settle(self, job_id: str) -> None:
         """A re-adopted job that the previous agent left mid-freeze runs again (settle.py)."""
@@ -286,6 +297,7 @@ class NodeAgent:
         thawed here next); stop rendezvous servers and drop fetched thaws a dead coordinator
         left; keep CRIU's logs bounded."""
         children.reap_strays()
+        self.checkpoints.prune()
         r = self.settings.retention
         for job_id in self.jobs.forget_finished(r.finished_jobs, r.finished_job_age_s):
             shutil.rmtree(self.paths.job_dir(job_id), ignore_errors=True)
@@ -314,6 +326,7 @@ class NodeAgent:
         self._closed.set()
         if self._maintainer is not threading.current_thread():
             self._maintainer.join(timeout=10)
+        self.checkpoints.close()
         if self.gpu_health is not None:
             self.gpu_health.stop()
         self.rdzv.stop_all()

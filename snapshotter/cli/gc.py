@@ -74,7 +74,9 @@ def run(a: argparse.Namespace, client: Client) -> int:
     result = plain(client.stub.Gc(request(a), timeout=GC_TIMEOUT_S))
     sys.stdout.write(render(result, a.json) + "\n")
     sys.stdout.flush()
-    if result["summary"]["failed"] or (result.get("chunks") or {}).get("failed"):
+    ck = result.get("checkpoints") or {}
+    if result["summary"]["failed"] or (result.get("chunks") or {}).get("failed") or \
+            (ck.get("summary") or {}).get("failed") or (ck.get("chunks") or {}).get("failed"):
         print(
             "error: some orphans or shared chunks could not be deleted (see above)\n"
             "  next step: check delete permissions on the store, then run `snapshotter gc "
@@ -92,7 +94,8 @@ def render(result: Msg, as_json: bool) -> str:
         return json.dumps(result, default=str)
     orphans = result["orphans"]
     chunks = _chunks_line(result)
-    summary = (chunks + "\n" if chunks else "") + _summary_line(result)
+    summary = (chunks + "\n" if chunks else "") + _checkpoints_lines(result) + \
+        _summary_line(result)  # fmt: skip
     if not orphans:
         return summary
     rows = [
@@ -126,6 +129,22 @@ def _chunks_line(result: Msg) -> str:
         if c["failed"]:
             line += f", {c['failed']} failed (run gc again)"
     return line
+
+
+def _checkpoints_lines(result: Msg) -> str:
+    """The application-checkpoint namespace's abandoned parts and chunks, when it has any."""
+    ck = result.get("checkpoints") or {}
+    s = ck.get("summary") or {}
+    lines = []
+    if s.get("orphans"):
+        verb = "deleted" if result["delete"] else "collectable"
+        lines.append(f"checkpoints: {s['orphans']} abandoned part(s) of saves that never "
+                     f"committed, {s['collected']} {verb}, {s['kept']} kept"
+                     + (f", {s['failed']} failed" if s.get("failed") else ""))  # fmt: skip
+    chunks = _chunks_line({**ck, "delete": result["delete"]}) if ck else ""
+    if chunks:
+        lines.append("checkpoints: " + chunks.replace("by no snapshot", "by no checkpoint"))
+    return "".join(line + "\n" for line in lines)
 
 
 def _action(action: str, delete: bool) -> str:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from snapshotter import __version__, errors
+from snapshotter.cli import checkpoints as checkpoints_cli
 from snapshotter.cli import gc as gc_cli
 from snapshotter.cli import keys as keys_cli
 from snapshotter.cli import preempt, progress, services, supervise, torchrun
@@ -575,6 +576,11 @@ def cmd_cancel(a: argparse.Namespace) -> int:
 
 
 def cmd_list(a: argparse.Namespace) -> int:
+    if a.checkpoints:
+        return checkpoints_cli.list_checkpoints(a)
+    if a.store:
+        raise errors.InvalidArgument("--store goes with --checkpoints",
+                                     "snapshots are listed through the coordinator")  # fmt: skip
     res = _client().stub.ListSnapshots(pb.ListSnapshotsRequest(job_id=a.job or ""), timeout=120)
     rows = [
         [
@@ -626,6 +632,8 @@ def cmd_show(a: argparse.Namespace) -> int:
 
 
 def cmd_delete(a: argparse.Namespace) -> int:
+    if a.checkpoint:
+        return checkpoints_cli.delete_checkpoint(a)
     res = _client().stub.DeleteSnapshot(pb.SnapshotRef(snapshot_id=a.snapshot), timeout=300)
     emit_result(plain(res), a.json, None, f"deleted {a.snapshot}")
     return 0
@@ -731,6 +739,11 @@ def build_parser() -> argparse.ArgumentParser:
     cn.add_argument("job_id")
     ls = add("list", cmd_list, "list committed snapshots")
     ls.add_argument("--job", default=None)
+    ls.add_argument("--checkpoints", action="store_true",
+                    help="list application checkpoints (snapshotter.checkpoint) instead")
+    ls.add_argument("--store", default=None, metavar="URL",
+                    help="with --checkpoints: the store to read ($SNAPSHOTTER_STORE, else the "
+                    "embedded daemon's)")
     sh = add("show", cmd_show, "describe a snapshot")
     sh.add_argument("snapshot")
     sh.add_argument("--timeline", action="store_true",
@@ -738,7 +751,12 @@ def build_parser() -> argparse.ArgumentParser:
     sh.add_argument("--trace", metavar="FILE", default=None,
                     help="write that timeline as a Chrome trace (ui.perfetto.dev opens it)")
     de = add("delete", cmd_delete, "delete a snapshot")
-    de.add_argument("snapshot")
+    de.add_argument("snapshot", help="a snapshot id, or with --checkpoint a checkpoint name")
+    de.add_argument("--checkpoint", action="store_true",
+                    help="delete an application checkpoint (its manifest and parts)")
+    de.add_argument("--store", default=None, metavar="URL",
+                    help="with --checkpoint: the store ($SNAPSHOTTER_STORE, else the embedded "
+                    "daemon's)")
     dn = add("down", cmd_down, "stop the embedded coordinator and agent")
     dn.add_argument("--force", action="store_true", help="also stop running jobs")
     gc_cli.add_parser(sub).set_defaults(fn=lambda a: gc_cli.run(a, _client()))

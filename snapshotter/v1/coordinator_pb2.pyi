@@ -539,7 +539,7 @@ class GcSummary(_message.Message):
     def __init__(self, orphans: _Optional[int] = ..., objects: _Optional[int] = ..., bytes: _Optional[int] = ..., kept: _Optional[int] = ..., collected: _Optional[int] = ..., collected_bytes: _Optional[int] = ..., failed: _Optional[int] = ..., failed_keys: _Optional[int] = ...) -> None: ...
 
 class GcReport(_message.Message):
-    __slots__ = ("store", "now", "min_age_s", "delete", "orphans", "summary", "chunks")
+    __slots__ = ("store", "now", "min_age_s", "delete", "orphans", "summary", "chunks", "checkpoints")
     STORE_FIELD_NUMBER: _ClassVar[int]
     NOW_FIELD_NUMBER: _ClassVar[int]
     MIN_AGE_S_FIELD_NUMBER: _ClassVar[int]
@@ -547,6 +547,7 @@ class GcReport(_message.Message):
     ORPHANS_FIELD_NUMBER: _ClassVar[int]
     SUMMARY_FIELD_NUMBER: _ClassVar[int]
     CHUNKS_FIELD_NUMBER: _ClassVar[int]
+    CHECKPOINTS_FIELD_NUMBER: _ClassVar[int]
     store: str
     now: float
     min_age_s: float
@@ -554,7 +555,8 @@ class GcReport(_message.Message):
     orphans: _containers.RepeatedCompositeFieldContainer[GcOrphan]
     summary: GcSummary
     chunks: GcChunks
-    def __init__(self, store: _Optional[str] = ..., now: _Optional[float] = ..., min_age_s: _Optional[float] = ..., delete: _Optional[bool] = ..., orphans: _Optional[_Iterable[_Union[GcOrphan, _Mapping]]] = ..., summary: _Optional[_Union[GcSummary, _Mapping]] = ..., chunks: _Optional[_Union[GcChunks, _Mapping]] = ...) -> None: ...
+    checkpoints: GcReport
+    def __init__(self, store: _Optional[str] = ..., now: _Optional[float] = ..., min_age_s: _Optional[float] = ..., delete: _Optional[bool] = ..., orphans: _Optional[_Iterable[_Union[GcOrphan, _Mapping]]] = ..., summary: _Optional[_Union[GcSummary, _Mapping]] = ..., chunks: _Optional[_Union[GcChunks, _Mapping]] = ..., checkpoints: _Optional[_Union[GcReport, _Mapping]] = ...) -> None: ...
 
 class GcChunks(_message.Message):
     __slots__ = ("stored", "stored_bytes", "unreferenced", "unreferenced_bytes", "collected", "collected_bytes", "kept", "failed", "reason")
