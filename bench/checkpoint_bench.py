@@ -35,7 +35,7 @@ import torch
 import torch.distributed as dist
 import torch.distributed.checkpoint as dcp
 
-from snapshotter.checkpoint import catalog, writer
+from snapshotter.checkpoint import catalog, spool, writer
 
 
 def _state(mib: int, tensors: int) -> dict[str, torch.Tensor]:
@@ -61,6 +61,9 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=5)
     p.add_argument("--change", type=float, default=0.1, help="share of tensors changed for dedup")
     p.add_argument("--dir", default=None, help="where saves go (default: a temp dir)")
+    p.add_argument("--agent", action="store_true",
+                   help="under `snapshotter run`: save to the node agent's store, so the agent "
+                   "uploads (default: a store in --dir, uploaded by the rank's child process)")
     p.add_argument("--json", action="store_true")
     a = p.parse_args()
 
@@ -73,6 +76,11 @@ def main() -> None:
     base = Path(a.dir or tempfile.mkdtemp(prefix="ckpt-bench-"))
     base.mkdir(parents=True, exist_ok=True)
     url = f"file://{base / 'store'}"
+    if a.agent:
+        url = os.environ.get(spool.STORE_ENV, "")
+        if not url.startswith(("file://", "/")):
+            raise SystemExit("--agent: run under `snapshotter run` with a file:// agent store")
+    run_id = os.urandom(3).hex()  # checkpoint names unique in a store shared across runs
     state = _state(a.mib, a.tensors)
     snap_writer = writer(url)
     times: dict[str, dict[str, list[float]]] = {
@@ -87,7 +95,7 @@ def main() -> None:
             stall = durable = time.perf_counter() - t0
         else:
             w = snap_writer if method == "snapshotter" else dcp.FileSystemWriter(str(target))
-            fut = dcp.async_save(state, storage_writer=w, checkpoint_id=f"r{r}" if
+            fut = dcp.async_save(state, storage_writer=w, checkpoint_id=f"b{run_id}-{r}" if
                                  method == "snapshotter" else str(target))  # fmt: skip
             stall = time.perf_counter() - t0
             fut.result()
@@ -103,13 +111,13 @@ def main() -> None:
             run(m, r)
 
     # Dedup: the state again with a share of its tensors changed.
-    store_dir = base / "store"
+    store_dir = Path(url.removeprefix("file://")) / "checkpoints"
     before = _du(store_dir)
     keys = list(state)
     for k in keys[: max(1, int(len(keys) * a.change))]:
         state[k].add_(1.0)
     t0 = time.perf_counter()
-    dcp.async_save(state, storage_writer=snap_writer, checkpoint_id="changed").result()
+    dcp.async_save(state, storage_writer=snap_writer, checkpoint_id=f"b{run_id}-changed").result()
     changed_s = time.perf_counter() - t0
     added = _du(store_dir) - before
     snap_writer.close()
@@ -119,7 +127,7 @@ def main() -> None:
     size = a.mib * 1024 * 1024
     out: dict[str, Any] = {
         "state_mib": a.mib, "tensors": a.tensors, "rounds": a.rounds,
-        "via_agent": bool(os.environ.get("SNAPSHOTTER_CKPT_SPOOL")),
+        "via_agent": spool.agent_spool(os.environ, url) is not None,
         "median_s": med,
         "stall_ratio_vs_torch_save": med["snapshotter"]["stall"] / med["torch.save"]["stall"],
         "stall_ratio_vs_dcp_async_save":
@@ -127,12 +135,14 @@ def main() -> None:
         "min_interval_s_at_1pct": {m: max(100 * v["stall"], v["durable"]) for m, v in med.items()},
         "dedup": {"changed_share": a.change, "store_bytes_added": added,
                   "state_bytes": size, "save_s": changed_s},
-        "checkpoints": listed,
+        "checkpoints": [n for n in listed if n.startswith(f"b{run_id}-")],
     }  # fmt: skip
     if a.json:
         print(json.dumps(out))
     else:
-        print(f"state {a.mib} MiB in {a.tensors} tensors, {a.rounds} rounds, medians:")
+        who = "the node agent" if spool.agent_spool(os.environ, url) else "a child process"
+        print(f"state {a.mib} MiB in {a.tensors} tensors, {a.rounds} rounds, uploads by {who}, "
+              "medians:")
         for m, v in med.items():
             print(f"  {m:15s} stall {v['stall'] * 1000:9.1f} ms   durable {v['durable']:7.2f} s"
                   f"   min interval at 1%: {out['min_interval_s_at_1pct'][m]:7.1f} s")

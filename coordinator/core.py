@@ -10,6 +10,7 @@ functions in decisions.py; the phased operations are freeze.py and thaw.py.
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import logging
 import os
 import threading
@@ -39,7 +40,7 @@ from snapshotter.coordinator.life import JobLife
 from snapshotter.coordinator.quotas import TenantLimits
 from snapshotter.coordinator.thaw import ThawOperation
 from snapshotter.coordinator.webhooks import WebhookConfig, Webhooks
-from snapshotter.launch.spec import JobSpec, new_job_id, validate_job_id
+from snapshotter.launch.spec import JobSpec, new_job_id, nproc_for, validate_job_id
 from snapshotter.procutil import resources
 from snapshotter.rpc import convert
 from snapshotter.rpc.auth import Role
@@ -374,6 +375,21 @@ class Coordinator:
         with self._lock:
             return [self._agents[n] for n in rec.agents if n in self._agents]
 
+    def _count_nproc(self, kind: str, agents: list[AgentHandle]) -> int:
+        """--nproc-per-node auto|cpu|gpu counted on the job's agents: the fewest any of them
+        has (every node of a job runs as many ranks)."""
+        out = on_all(agents, lambda a: a.stub.Ping(common_pb2.Empty(), timeout=10))
+        for name, e in out.failures.items():
+            raise errors.ServiceUnavailable(
+                f"cannot count --nproc-per-node {kind} on node {name}: {e}",
+                "check `snapshotter nodes`, or give a number of ranks",
+            )
+        counts = {n: nproc_for(kind, i.cpus, i.gpus, f"node {n}") for n, i in out.results.items()}
+        if len(set(counts.values())) > 1:
+            log.info("--nproc-per-node %s differs across nodes %s: every node runs %d",
+                     kind, counts, min(counts.values()))  # fmt: skip
+        return min(counts.values())
+
     def run(self, req: pb.RunRequest, recovering: bool = False) -> pb.JobStatus:
         """`recovering`: the supervisor launches a job it stopped again, under its id."""
         spec = JobSpec(
@@ -396,6 +412,9 @@ class Coordinator:
         check_recovery(spec.recovery)
         job_id = spec.job_id
         agents = self._place(spec.nnodes, list(req.nodes))
+        if req.nproc_kind:
+            spec = dataclasses.replace(spec, nproc_per_node=self._count_nproc(req.nproc_kind,
+                                                                              agents))
         plane = self.plane_for(agents)
         with self._lock:
             old = self._jobs.get(job_id)

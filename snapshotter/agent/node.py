@@ -186,6 +186,8 @@ class NodeAgent:
             resources=common_pb2.Resources(**resources().to_dict()),
             running_jobs=self.jobs.running_ids(),
             gpu_faults=[fault_proto(f) for f in self.gpu_faults(fatal_only=False)],
+            cpus=len(os.sched_getaffinity(0)),
+            gpus=gpu_count(),
         )
 
     def gpu_faults(self, since: float = 0.0, fatal_only: bool = True) -> list[GpuFault]:
@@ -337,3 +339,11 @@ class NodeAgent:
                 j.stop(NodeJobState.CANCELLED)
             elif j.rdzv is not None:
                 j.rdzv.stop()
+
+
+def gpu_count(dev: str = "/dev") -> int:
+    """The node's NVIDIA GPUs, as their device files (no driver library needed to count)."""
+    try:
+        return sum(1 for d in os.listdir(dev) if d.startswith("nvidia") and d[6:].isdigit())
+    except OSError:
+        return 0

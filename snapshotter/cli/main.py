@@ -66,13 +66,6 @@ def _positive(flag: str, v: str) -> int:
     return n
 
 
-def _gpu_count() -> int:
-    try:
-        return len([d for d in os.listdir("/dev") if d.startswith("nvidia") and d[6:].isdigit()])
-    except OSError:
-        return 0
-
-
 def cmd_run(a: argparse.Namespace) -> int:
     for note in torchrun.check(a):
         print(f"note: {note}", file=sys.stderr)
@@ -83,6 +76,7 @@ def cmd_run(a: argparse.Namespace) -> int:
     script = a.script if a.module else str(Path(a.script))
     if not a.module and not Path(script).exists():
         raise errors.InvalidArgument(f"script {script!r} not found", "check the path")
+    nproc_count, nproc_kind = torchrun.nproc_request(str(a.nproc_per_node))
     req = pb.RunRequest(
         job_id=job_id,
         script=script,
@@ -92,7 +86,8 @@ def cmd_run(a: argparse.Namespace) -> int:
         cwd=os.getcwd(),
         env=dict(os.environ),
         nnodes=_nnodes(a.nnodes),
-        nproc_per_node=torchrun.nproc(str(a.nproc_per_node), gpus=_gpu_count()),
+        nproc_per_node=nproc_count,
+        nproc_kind=nproc_kind,
         nodes=a.nodes.split(",") if a.nodes else [],
         recovery=supervise.recovery_from_flags(a),
         tenant=a.tenant or "",
@@ -457,14 +452,16 @@ def _services_text(res: Msg) -> str:
 def cmd_nodes(a: argparse.Namespace) -> int:
     res = plain(_client().stub.Nodes(common_pb2.Empty(), timeout=60))
     rows = [_node_row(n) for n in res["nodes"]]
-    text = table(rows, ["NODE", "ADDRESS", "HEALTH", "HEARTBEAT", "JOBS", "LINKS"])
+    text = table(rows, ["NODE", "ADDRESS", "HEALTH", "HEARTBEAT", "CPUS", "GPUS", "JOBS",
+                        "LINKS"])
     emit_result(res, a.json, None, text if rows else "no agent has registered")
     return 0
 
 
 def _node_row(n: Msg) -> list[str]:
-    """One agent: its health (live; not answering; GPU faults), its last heartbeat's age, its
-    running jobs and its data links."""
+    """One agent: its health (live; not answering; GPU faults), its last heartbeat's age, the
+    CPUs and GPUs it counts for --nproc-per-node cpu|gpu, its running jobs and its data
+    links."""
     ag = n.get("agent") or {}
     fatal = [f for f in ag.get("gpu_faults", []) if f.get("fatal")]
     if not n.get("live"):
@@ -484,6 +481,7 @@ def _node_row(n: Msg) -> list[str]:
         for x in n.get("links", [])
     )  # fmt: skip
     return [n["name"], n["address"], health, "-" if age is None else f"{age:.1f}s ago",
+            str(ag.get("cpus") or "-"), str(ag.get("gpus", 0)) if ag else "-",
             ",".join(ag.get("running_jobs", [])) or "-", links or "-"]  # fmt: skip
 
 

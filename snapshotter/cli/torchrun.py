@@ -21,6 +21,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass
 
 from snapshotter import errors
+from snapshotter.launch.spec import NPROC_KINDS, nproc_for
 
 # What snapshotter does itself, so the flag is taken and has no further effect.
 NOTED = {
@@ -234,20 +235,19 @@ def check(a: argparse.Namespace) -> list[str]:
     return notes
 
 
+def nproc_request(v: str) -> tuple[int, str]:
+    """--nproc-per-node for a RunRequest: (a number, "") or (0, auto|cpu|gpu), which the
+    coordinator counts on the job's agents, as torchrun counts on each node."""
+    if v in NPROC_KINDS:
+        return 0, v
+    return nproc(v), ""
+
+
 def nproc(v: str, cpus: int | None = None, gpus: int = 0) -> int:
-    """--nproc-per-node as torchrun counts it: auto = the GPUs, else the CPUs; cpu = the
-    CPUs; gpu = the GPUs (an error without any)."""
-    cpus = cpus or os.cpu_count() or 1
-    if v == "auto":
-        return gpus or cpus
-    if v == "cpu":
-        return cpus
-    if v == "gpu":
-        if not gpus:
-            raise errors.InvalidArgument(
-                "--nproc-per-node gpu: this machine has no NVIDIA GPU", "give a number of ranks"
-            )
-        return gpus
+    """--nproc-per-node as torchrun counts it on a machine with `cpus` CPUs (default: this
+    one's) and `gpus` GPUs (launch/spec.py: nproc_for)."""
+    if v in NPROC_KINDS:
+        return nproc_for(v, cpus or os.cpu_count() or 1, gpus)
     try:
         n = int(v)
     except ValueError:

@@ -170,3 +170,27 @@ class JobSpec:
                 raise errors.InvalidArgument(
                     f"the job's {what} {path!r} is not an absolute path", "pass absolute paths"
                 )
+
+
+NPROC_KINDS = ("auto", "cpu", "gpu")
+
+
+def nproc_for(kind: str, cpus: int, gpus: int, where: str = "this machine") -> int:
+    """`--nproc-per-node auto|cpu|gpu` as torchrun counts it on a node with `cpus` CPUs and
+    `gpus` GPUs: auto = the GPUs, else the CPUs; cpu = the CPUs; gpu = the GPUs.
+
+    Raises:
+        InvalidArgument: `gpu` on a node without GPUs, or an unknown kind.
+    """
+    cpus = max(cpus, 1)
+    if kind == "auto":
+        return gpus or cpus
+    if kind == "cpu":
+        return cpus
+    if kind == "gpu":
+        if gpus < 1:
+            raise errors.InvalidArgument(f"--nproc-per-node gpu: {where} has no NVIDIA GPU",
+                                         "give a number of ranks, or auto")  # fmt: skip
+        return gpus
+    raise errors.InvalidArgument(f"--nproc-per-node {kind!r} is not auto, cpu or gpu",
+                                 "give a number of ranks, or auto|cpu|gpu")  # fmt: skip

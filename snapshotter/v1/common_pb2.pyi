@@ -313,7 +313,7 @@ class WaitRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
 class AgentInfo(_message.Message):
-    __slots__ = ("node", "version", "pid", "host", "incarnation", "resources", "running_jobs", "gpu_faults")
+    __slots__ = ("node", "version", "pid", "host", "incarnation", "resources", "running_jobs", "gpu_faults", "cpus", "gpus")
     NODE_FIELD_NUMBER: _ClassVar[int]
     VERSION_FIELD_NUMBER: _ClassVar[int]
     PID_FIELD_NUMBER: _ClassVar[int]
@@ -322,6 +322,8 @@ class AgentInfo(_message.Message):
     RESOURCES_FIELD_NUMBER: _ClassVar[int]
     RUNNING_JOBS_FIELD_NUMBER: _ClassVar[int]
     GPU_FAULTS_FIELD_NUMBER: _ClassVar[int]
+    CPUS_FIELD_NUMBER: _ClassVar[int]
+    GPUS_FIELD_NUMBER: _ClassVar[int]
     node: str
     version: str
     pid: int
@@ -330,7 +332,9 @@ class AgentInfo(_message.Message):
     resources: Resources
     running_jobs: _containers.RepeatedScalarFieldContainer[str]
     gpu_faults: _containers.RepeatedCompositeFieldContainer[GpuFault]
-    def __init__(self, node: _Optional[str] = ..., version: _Optional[str] = ..., pid: _Optional[int] = ..., host: _Optional[str] = ..., incarnation: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., running_jobs: _Optional[_Iterable[str]] = ..., gpu_faults: _Optional[_Iterable[_Union[GpuFault, _Mapping]]] = ...) -> None: ...
+    cpus: int
+    gpus: int
+    def __init__(self, node: _Optional[str] = ..., version: _Optional[str] = ..., pid: _Optional[int] = ..., host: _Optional[str] = ..., incarnation: _Optional[str] = ..., resources: _Optional[_Union[Resources, _Mapping]] = ..., running_jobs: _Optional[_Iterable[str]] = ..., gpu_faults: _Optional[_Iterable[_Union[GpuFault, _Mapping]]] = ..., cpus: _Optional[int] = ..., gpus: _Optional[int] = ...) -> None: ...
 
 class GpuFault(_message.Message):
     __slots__ = ("uuid", "kind", "code", "time", "fatal", "detail")

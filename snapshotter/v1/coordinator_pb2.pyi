@@ -95,7 +95,7 @@ class RegisterAgentReply(_message.Message):
     def __init__(self, registered: _Optional[str] = ..., fence: _Optional[_Union[Fence, _Mapping]] = ...) -> None: ...
 
 class RunRequest(_message.Message):
-    __slots__ = ("job_id", "script", "script_args", "module", "python", "cwd", "env", "nnodes", "nproc_per_node", "nodes", "policy", "recovery", "tenant", "provider_opt_out")
+    __slots__ = ("job_id", "script", "script_args", "module", "python", "cwd", "env", "nnodes", "nproc_per_node", "nodes", "policy", "recovery", "tenant", "provider_opt_out", "nproc_kind")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -117,6 +117,7 @@ class RunRequest(_message.Message):
     RECOVERY_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_OPT_OUT_FIELD_NUMBER: _ClassVar[int]
+    NPROC_KIND_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     script: str
     script_args: _containers.RepeatedScalarFieldContainer[str]
@@ -131,7 +132,8 @@ class RunRequest(_message.Message):
     recovery: _common_pb2.Recovery
     tenant: str
     provider_opt_out: bool
-    def __init__(self, job_id: _Optional[str] = ..., script: _Optional[str] = ..., script_args: _Optional[_Iterable[str]] = ..., module: _Optional[bool] = ..., python: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., nnodes: _Optional[int] = ..., nproc_per_node: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., policy: _Optional[_Union[_common_pb2.Policy, _Mapping]] = ..., recovery: _Optional[_Union[_common_pb2.Recovery, _Mapping]] = ..., tenant: _Optional[str] = ..., provider_opt_out: _Optional[bool] = ...) -> None: ...
+    nproc_kind: str
+    def __init__(self, job_id: _Optional[str] = ..., script: _Optional[str] = ..., script_args: _Optional[_Iterable[str]] = ..., module: _Optional[bool] = ..., python: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., nnodes: _Optional[int] = ..., nproc_per_node: _Optional[int] = ..., nodes: _Optional[_Iterable[str]] = ..., policy: _Optional[_Union[_common_pb2.Policy, _Mapping]] = ..., recovery: _Optional[_Union[_common_pb2.Recovery, _Mapping]] = ..., tenant: _Optional[str] = ..., provider_opt_out: _Optional[bool] = ..., nproc_kind: _Optional[str] = ...) -> None: ...
 
 class JobStatus(_message.Message):
     __slots__ = ("job_id", "state", "nodes", "nnodes", "nproc_per_node", "script", "ranks", "snapshots", "thawed_from", "exit_code", "policy", "recovery", "recoveries", "events", "gave_up", "plane", "tenant")

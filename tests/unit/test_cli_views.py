@@ -36,15 +36,15 @@ def test_tail() -> None:
 
 def test_node_health() -> None:
     base = {"name": "a", "address": "10.0.0.1:7071", "live": True, "heartbeat_age_s": 0.4,
-            "agent": {"running_jobs": ["j1", "j2"], "gpu_faults": []},
+            "agent": {"running_jobs": ["j1", "j2"], "gpu_faults": [], "cpus": 16, "gpus": 8},
             "links": [{"name": "eth1", "up": True}, {"name": "eth2", "up": False}],
             "drained_links": ["eth1"]}  # fmt: skip
-    assert _node_row(base) == ["a", "10.0.0.1:7071", "ok", "0.4s ago", "j1,j2",
+    assert _node_row(base) == ["a", "10.0.0.1:7071", "ok", "0.4s ago", "16", "8", "j1,j2",
                                "eth1(drained),eth2(down)"]  # fmt: skip
     assert _node_row({**base, "live": False})[2] == "LOST"
     assert _node_row({**base, "draining": True})[2] == "ok, DRAINING"
-    assert _node_row({**base, "error": "deadline exceeded", "agent": {}})[2:5] == [
-        "NOT ANSWERING", "0.4s ago", "-"]
+    assert _node_row({**base, "error": "deadline exceeded", "agent": {}})[2:7] == [
+        "NOT ANSWERING", "0.4s ago", "-", "-", "-"]
     fault = {"kind": "xid", "code": 79, "fatal": True}
     assert _node_row({**base, "agent": {"gpu_faults": [fault]}})[2] == "GPU FAULT (xid 79)"
-    assert _node_row({**base, "heartbeat_age_s": None, "links": []})[3::2] == ["-", "-"]
+    assert _node_row({**base, "heartbeat_age_s": None, "links": []})[3::4] == ["-", "-"]

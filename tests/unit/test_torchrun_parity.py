@@ -14,6 +14,7 @@ from snapshotter import errors
 from snapshotter.cli import main as cli_main
 from snapshotter.cli import supervise, torchrun
 from snapshotter.launch.env import RankPlacement, RdzvAddress, rank_env
+from snapshotter.launch.spec import nproc_for
 
 torch_run = pytest.importorskip("torch.distributed.run")
 
@@ -105,6 +106,12 @@ def test_pet_environment_variables_are_the_defaults() -> None:
 
 
 def test_nproc_counts_as_torchrun_does() -> None:
+    # A kind travels to the coordinator, which counts it on the job's agents.
+    assert torchrun.nproc_request("auto") == (0, "auto")
+    assert torchrun.nproc_request("gpu") == (0, "gpu")
+    assert torchrun.nproc_request("3") == (3, "")
+    with pytest.raises(errors.InvalidArgument, match="node n1 has no NVIDIA GPU"):
+        nproc_for("gpu", cpus=4, gpus=0, where="node n1")
     assert torchrun.nproc("4") == 4
     assert torchrun.nproc("cpu", cpus=16) == 16
     assert torchrun.nproc("auto", cpus=16, gpus=0) == 16
