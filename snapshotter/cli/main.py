@@ -19,9 +19,9 @@ from typing import Any
 
 from snapshotter import __version__, errors
 from snapshotter.cli import checkpoints as checkpoints_cli
+from snapshotter.cli import failures, preempt, progress, services, supervise, torchrun
 from snapshotter.cli import gc as gc_cli
 from snapshotter.cli import keys as keys_cli
-from snapshotter.cli import preempt, progress, services, supervise, torchrun
 from snapshotter.cli import tenants as tenants_cli
 from snapshotter.cli.connect import coordinator, stop_embedded
 from snapshotter.cli.output import Msg, emit_result, human_bytes, table
@@ -125,6 +125,8 @@ def cmd_run(a: argparse.Namespace) -> int:
             return _interrupted(c, job, told)
     if st.state == "FROZEN":
         print(f"job {job} was frozen and stopped; thaw it with `snapshotter thaw`", file=sys.stderr)
+    if not a.json and (text := failures.summary(plain(st))):
+        print(text, file=sys.stderr)
     emit_result(plain(st), a.json, None)
     return st.exit_code if st.HasField("exit_code") else 0
 
@@ -397,7 +399,9 @@ def _status_text(st: Msg) -> str:
     ]
     for r in st["ranks"]:
         code = "" if r.get("exit_code") is None else f" exit {r['exit_code']}"
-        lines.append(f"  rank {r['rank']}: pid {r['pid']}{code}")
+        cause = (r.get("error") or "").rstrip().splitlines()
+        why = f" ({'root cause: ' if r.get('failed_first') else ''}{cause[-1]})" if cause else ""
+        lines.append(f"  rank {r['rank']}: pid {r['pid']}{code}{why}")
     if st["snapshots"]:
         lines.append("  snapshots: " + ", ".join(st["snapshots"]))
     if st.get("thawed_from"):
