@@ -411,6 +411,7 @@ class Coordinator:
         policies.check(policies.Policy.from_dict(convert.plain(spec.policy)))
         check_recovery(spec.recovery)
         job_id = spec.job_id
+        spec = dataclasses.replace(spec, sealed=self.encrypt)
         agents = self._place(spec.nnodes, list(req.nodes))
         if req.nproc_kind:
             spec = dataclasses.replace(spec, nproc_per_node=self._count_nproc(req.nproc_kind,
@@ -437,7 +438,7 @@ class Coordinator:
                 lambda a: a.stub.Launch(
                     agent_pb2.LaunchRequest(
                         spec=spec.to_proto(), node_rank=agents.index(a), rdzv=rdzv,
-                        plane=plane,
+                        plane=plane, seal=self.checkpoint_key(spec),
                     ),
                     timeout=120,
                 ),
@@ -775,6 +776,11 @@ class Coordinator:
         """The data key a new snapshot of this job is sealed with (None: encryption off)."""
         return self.data_keys.current(spec.tenant) if self.encrypt else None
 
+    def checkpoint_key(self, spec: JobSpec) -> common_pb2.DataKey | None:
+        """The key a job's agents seal its application checkpoints with (None: plaintext)."""
+        seal = self.seal_for(spec) if spec.sealed else None
+        return None if seal is None else convert.data_key(seal)
+
     @contextlib.contextmanager
     def writing_snapshot(self, snapshot_id: str | None) -> Iterator[None]:
         """Chunks of `snapshot_id` are being written and read: never garbage to gc meanwhile."""
@@ -839,7 +845,8 @@ class Coordinator:
             candidates.discard(req.job_id)
         active = [j for j in candidates if j in known and self._is_active(j)]
         job_id = validate_job_id(thaw_job_id(spec0.job_id, req.job_id or None, active, known))
-        spec = spec0.with_job_id(job_id)
+        # Sealed as this coordinator seals now (a snapshot from before the flag says nothing).
+        spec = dataclasses.replace(spec0.with_job_id(job_id), sealed=self.encrypt)
         agents = self._place(spec.nnodes, list(req.nodes))
         plane = self.plane_for(agents)
         rec = JobRecord(spec=spec, nodes=[a.name for a in agents], busy="THAWING", thawed_from=snap,
@@ -870,7 +877,8 @@ class Coordinator:
         try:
             yield from ThawOperation(snap, meta, spec, agents, fork_of_live_job=fork_of_live,
                                      plane=plane, seal=seal,
-                                     digest=signing.manifest_digest(body)).run()  # fmt: skip
+                                     digest=signing.manifest_digest(body),
+                                     checkpoint_key=self.checkpoint_key(spec)).run()  # fmt: skip
             rec.life.progress = detect.reset(rec.life.progress, time.monotonic())
         except BaseException:
             with self._lock:

@@ -139,6 +139,8 @@ class MigrateOperation(FreezeOperation):
             op=self._op, spec=self.spec.to_proto(), ranks=ranks, node_rank=self.source_rank,
             timeout_s=s.resume_timeout, rdzv=rdzv, epoch=self.freeze_id, put_back_files=True,
             plane=self.plane or 0,
+            seal=convert.data_key(self.seal) if self.seal is not None and self.spec.sealed
+            else None,
         )  # fmt: skip
         resume = self._phase_req(s.resume_timeout)
         moved = agent_pb2.PhaseRequest()

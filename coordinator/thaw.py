@@ -56,6 +56,7 @@ class ThawOperation:
         plane: int = 0,
         digest: str = "",
         seal: Seal | None = None,
+        checkpoint_key: common_pb2.DataKey | None = None,
     ) -> None:
         """`digest`: the sha256 of the manifest whose signature was checked; every agent
         refuses a manifest with other bytes. `seal`: the data key a sealed snapshot needs."""
@@ -67,6 +68,7 @@ class ThawOperation:
             )
         self.snapshot_id = snapshot_id
         self.seal = seal
+        self.checkpoint_key = checkpoint_key  # the job's, for its application checkpoints
         self.thaw_id = f"thw-{secrets.token_hex(6)}"
         self.meta = meta
         self.spec = spec
@@ -151,7 +153,7 @@ class ThawOperation:
                     op=ops[a.name], spec=self.spec.to_proto(), ranks=self._ranks[node_of[a.name]],
                     node_rank=node_of[a.name], timeout_s=self.resume_timeout,
                     rdzv=opened["rdzv"], epoch=self.thaw_id, put_back_files=self.put_back_files,
-                    plane=self.plane,
+                    plane=self.plane, seal=self.checkpoint_key,
                 ),
                 timeout=None,
             )  # fmt: skip

@@ -23,10 +23,12 @@ from pathlib import Path
 from typing import Any
 
 from snapshotter import procutil
-from snapshotter.agent.runtime import JobTable, RankRuntime
+from snapshotter.agent.runtime import JobTable, NodeJob, RankRuntime
 from snapshotter.checkpoint import catalog, spool, upload
-from snapshotter.errors import InvalidArgument, PermissionDenied
+from snapshotter.errors import InvalidArgument, KeyUnavailable, PermissionDenied
 from snapshotter.storage.api import ObjectStore
+from snapshotter.storage.reader import SnapshotReader
+from snapshotter.storage.sealing import Seal
 
 log = logging.getLogger(__name__)
 _SCAN_S = 0.05
@@ -40,6 +42,11 @@ class CheckpointSpool:
     def __init__(self, root: Path, store: ObjectStore, store_url: str, jobs: JobTable,
                  incarnation: str, workers: int = 2) -> None:  # fmt: skip
         self.root = root
+        # A sealed checkpoint's streams, unsealed for the rank that loads it: in memory when
+        # the node has /dev/shm (a part can be large, and is read once).
+        shm = Path("/dev/shm")
+        where = shm if shm.is_dir() else root.parent
+        self.fetch_root = where / f"snapshotter-fetch-{incarnation}"
         self.store_url = store_url
         self._store = catalog.checkpoint_store(store)
         self._jobs = jobs
@@ -47,7 +54,34 @@ class CheckpointSpool:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="ckpt-upload")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
+        self._keys: dict[str, Seal] = {}  # job -> its tenant's data key (memory only)
+        self._lock = threading.Lock()
         self.handled = 0
+
+    def hold_key(self, job_id: str, seal: Seal | None) -> None:
+        """The data key the coordinator handed with a job's launch or restore here."""
+        with self._lock:
+            if seal is None:
+                self._keys.pop(job_id, None)
+            else:
+                self._keys[job_id] = seal
+
+    def key_for(self, job: NodeJob) -> Seal | None:
+        """What the job's checkpoints are sealed with here; None: plaintext.
+
+        Raises:
+            KeyUnavailable: the job is sealed but this agent holds no key for it.
+        """
+        with self._lock:
+            seal = self._keys.get(job.spec.job_id)
+        if job.spec.sealed and seal is None:
+            raise KeyUnavailable(
+                f"job {job.spec.job_id} is sealed at rest, and this node agent holds no data key "
+                "for it (it restarted since the job started here), so it stores no checkpoint",
+                "freeze and thaw the job (the thaw hands its agents the key), or save to a "
+                "store of your own with snapshotter.checkpoint.writer(url)",
+            )
+        return seal
 
     @property
     def enabled(self) -> bool:
@@ -62,6 +96,7 @@ class CheckpointSpool:
         if not self.enabled:
             return
         self.root.mkdir(parents=True, exist_ok=True, mode=0o711)
+        self.fetch_root.mkdir(parents=True, exist_ok=True, mode=0o711)
         self._thread = threading.Thread(target=self._watch, daemon=True, name="ckpt-spool")
         self._thread.start()
 
@@ -70,15 +105,22 @@ class CheckpointSpool:
         if self._thread is not None:
             self._thread.join(timeout=5)
         self._pool.shutdown(wait=False, cancel_futures=True)
+        shutil.rmtree(self.fetch_root, ignore_errors=True)
 
     def prune(self) -> None:
         """Remove the spool directories of jobs that no longer run here (housekeeping): a
         thawed job's ranks make theirs again."""
         live = set(self._jobs.running_ids())
+        with self._lock:
+            for job_id in set(self._keys) - live:
+                del self._keys[job_id]
         try:
             names = os.listdir(self.root)
         except FileNotFoundError:
             return
+        for name in os.listdir(self.fetch_root) if self.fetch_root.is_dir() else []:
+            if name not in live:
+                shutil.rmtree(self.fetch_root / name, ignore_errors=True)
         now = time.time()
         for name in names:
             try:
@@ -118,19 +160,19 @@ class CheckpointSpool:
                     except FileNotFoundError:
                         continue  # the rank withdrew it
                     claimed += 1
-                    self._pool.submit(self._serve, r, taken, d / f"res-{rid}.json")
+                    self._pool.submit(self._serve, job, r, taken, d / f"res-{rid}.json")
         return claimed
 
-    def _serve(self, r: RankRuntime, taken: Path, answer: Path) -> None:
+    def _serve(self, job: NodeJob, r: RankRuntime, taken: Path, answer: Path) -> None:
         try:
-            result = self._carry_out(r, _read_request(taken))
+            result = self._carry_out(job, r, _read_request(taken))
         except Exception as e:  # noqa: BLE001 - the rank must hear back whatever went wrong
             result = spool.failed(e)
         _write_answer(answer, result)
         taken.unlink(missing_ok=True)
         self.handled += 1
 
-    def _carry_out(self, r: RankRuntime, request: spool.Request) -> dict[str, Any]:
+    def _carry_out(self, job: NodeJob, r: RankRuntime, request: spool.Request) -> dict[str, Any]:
         if not spool.same_store(request.url, self.store_url):
             raise InvalidArgument(
                 f"the node agent uploads checkpoints only to its own store, not {request.url}",
@@ -138,7 +180,28 @@ class CheckpointSpool:
             )
         pids = [p for p in (procutil.first_child(r.sandbox.pid),) if p] + \
             procutil.sandbox_pids(r.sandbox.pid)  # fmt: skip
-        return upload.handle(self._store, request, lambda fd: open_rank_memfd(pids, fd))
+        seal = self.key_for(job)
+        if request.op == "fetch":
+            return self._fetch(job, r, request, seal)
+        return upload.handle(self._store, request, lambda fd: open_rank_memfd(pids, fd), seal)
+
+    def _fetch(self, job: NodeJob, r: RankRuntime, request: spool.Request,
+               seal: Seal | None) -> dict[str, Any]:  # fmt: skip
+        """A stream of a checkpoint, verified and unsealed with the job's own key (another
+        tenant's sealed checkpoint does not open with it), for the rank to read."""
+        started = time.monotonic()
+        catalog.check_name(request.name)
+        sid = request.name if request.stream == catalog.METADATA_STREAM else \
+            catalog.part_id(request.name, request.index)  # fmt: skip
+        dest = self.fetch_root / job.spec.job_id / str(r.rank) / request.id
+        try:
+            staged = SnapshotReader(self._store, sid, seal=seal).verify_and_fetch(
+                dest, [request.stream])[request.stream]
+        except BaseException:
+            shutil.rmtree(dest, ignore_errors=True)
+            raise
+        size = staged.stat().st_size
+        return {**spool.ok(size, size, 0, time.monotonic() - started), "path": str(staged)}
 
 
 def _claimable(name: str, incarnation: str) -> str | None:

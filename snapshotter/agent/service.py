@@ -15,6 +15,7 @@ from snapshotter.launch.env import RdzvAddress
 from snapshotter.launch.spec import JobSpec
 from snapshotter.rpc import auth, convert
 from snapshotter.rpc.client import FENCE_KEY
+from snapshotter.storage.sealing import Seal
 from snapshotter.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
 SERVICE = agent_pb2.DESCRIPTOR.services_by_name["Agent"].full_name
@@ -31,6 +32,11 @@ def fence_check(fence: Fence) -> Any:
             fence.check(metadata.get(FENCE_KEY))
 
     return check
+
+
+def _seal(m: agent_pb2.LaunchRequest | agent_pb2.RestoreRequest) -> Seal | None:
+    """The data key for the job's application checkpoints, if the request carries one."""
+    return convert.seal_of(m.seal) if m.HasField("seal") else None
 
 
 def _rdzv(m: agent_pb2.LaunchRequest | agent_pb2.RestoreRequest) -> RdzvAddress | None:
@@ -60,6 +66,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
 
     def Launch(self, req: agent_pb2.LaunchRequest, ctx: Any) -> agent_pb2.NodeJob:
         spec = JobSpec.from_proto(req.spec)
+        self.agent.checkpoints.hold_key(spec.job_id, _seal(req))
         return self.agent.launcher.launch(spec, req.node_rank, _rdzv(req), req.plane).to_proto()
 
     def Prepare(self, req: agent_pb2.PrepareRequest, ctx: Any) -> agent_pb2.PrepareReply:
@@ -121,6 +128,7 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         return common_pb2.Empty()
 
     def Restore(self, req: agent_pb2.RestoreRequest, ctx: Any) -> agent_pb2.RestoreReply:
+        self.agent.checkpoints.hold_key(req.spec.job_id, _seal(req))
         return self.agent.thaws.restore(
             req.op, JobSpec.from_proto(req.spec), list(req.ranks), req.node_rank,
             _timeout(req.timeout_s, 120), _rdzv(req), req.epoch, req.put_back_files, req.plane,

@@ -18,6 +18,7 @@ A plain `dcp.save` works too (no staging: `write_data` copies into a scratch mem
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import io
 import logging
@@ -27,6 +28,7 @@ import pickle
 import shutil
 import tempfile
 from collections import defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
@@ -45,7 +47,7 @@ from torch.futures import Future
 
 from snapshotter.checkpoint import catalog, spool
 from snapshotter.checkpoint.staging import Stager, local_tensor
-from snapshotter.errors import InvalidArgument
+from snapshotter.errors import InvalidArgument, KeyUnavailable
 from snapshotter.storage.reader import SnapshotReader
 
 log = logging.getLogger(__name__)
@@ -241,10 +243,8 @@ class SnapshotterReader(StorageReader):
     def read_metadata(self, *args: Any, **kwargs: Any) -> Metadata:
         self.name = self._requested or catalog.latest(self._store)
         catalog.read(self._store, self.name)
-        with _staging_dir() as tmp:
-            staged = SnapshotReader(self._store, self.name).verify_and_fetch(
-                tmp, [catalog.METADATA_STREAM])
-            metadata = pickle.loads(staged[catalog.METADATA_STREAM].read_bytes())
+        with self._fetched(catalog.METADATA_STREAM, 0) as staged:
+            metadata = pickle.loads(staged.read_bytes())
         if not isinstance(metadata, Metadata):
             raise InvalidArgument(f"checkpoint {self.name!r} holds no DCP metadata",
                                   "load it with the tool that wrote it")  # fmt: skip
@@ -274,11 +274,8 @@ class SnapshotterReader(StorageReader):
         by_part: dict[int, list[Any]] = defaultdict(list)
         for item in plan.items:
             by_part[int(self.storage_data[item.storage_index]["part"])].append(item)
-        with _staging_dir() as tmp:
-            for index, items in sorted(by_part.items()):
-                pid = catalog.part_id(self.name, index)
-                staged = SnapshotReader(self._store, pid).verify_and_fetch(
-                    Path(tmp) / pid, [catalog.DATA_STREAM])[catalog.DATA_STREAM]
+        for index, items in sorted(by_part.items()):
+            with self._fetched(catalog.DATA_STREAM, index) as staged:
                 _load_items(staged, items, self.storage_data, planner)
         fut: Future[None] = Future()
         fut.set_result(None)
@@ -287,6 +284,32 @@ class SnapshotterReader(StorageReader):
     @classmethod
     def validate_checkpoint_id(cls, checkpoint_id: str | os.PathLike[str]) -> bool:
         return SnapshotterWriter.validate_checkpoint_id(checkpoint_id)
+
+    @contextlib.contextmanager
+    def _fetched(self, stream: str, index: int) -> Iterator[Path]:
+        """One stream of the checkpoint (its metadata, or part `index`'s data), verified,
+        as a file that is removed on leaving. A sealed checkpoint is opened by the node agent
+        with the job's own data key: the rank never holds it."""
+        sid = self.name if stream == catalog.METADATA_STREAM else \
+            catalog.part_id(self.name, index)  # fmt: skip
+        sealed = catalog.read_manifest(self._store, sid).sealed
+        if sealed is None:
+            with _staging_dir() as tmp:
+                yield SnapshotReader(self._store, sid).verify_and_fetch(tmp, [stream])[stream]
+            return
+        if spool.agent_spool(os.environ, self.url) is None:
+            raise KeyUnavailable(
+                f"checkpoint {self.name!r} is sealed under tenant {sealed.tenant!r}'s data key",
+                "load it from a job of that tenant running under snapshotter: its node agent "
+                "opens it",
+            )
+        res = spool.submit(spool.Request("fetch", spool.new_id(), self.url, self.name, (),
+                                         index=index, stream=stream))  # fmt: skip
+        path = Path(str(res.get("path", "")))
+        try:
+            yield path
+        finally:
+            shutil.rmtree(path.parent, ignore_errors=True)
 
 
 def _load_items(path: Path, items: list[Any], storage_data: dict[MetadataIndex, Any],

@@ -21,6 +21,10 @@ Either way the upload runs outside the rank's interpreter: the rank's thread onl
               "extents":[{"fd":F,"offset":O,"length":L},...]}
              {"op":"commit","id":ID,"url":U,"name":N,"parts":[PART,...],
               "extents":[...metadata...],"meta":{...}}
+             {"op":"fetch","id":ID,"url":U,"name":N,"index":I,"stream":"data"|"metadata",
+              "extents":[]}   a sealed checkpoint: the agent unseals with the job's key
+    result   {"ok":true,"path":P,...} for a fetch: the verified raw stream, in a directory
+             the rank removes once read
     result   {"ok":true,"raw_bytes":R,"stored_bytes":S,"uploaded_bytes":B,"seconds":T}
              {"ok":false,"code":C,"cause":M,"next_step":S}
 """
@@ -45,7 +49,7 @@ MEMFD_NAME = "snapshotter-ckpt"
 SPOOL_ENV = "SNAPSHOTTER_CKPT_SPOOL"
 STORE_ENV = "SNAPSHOTTER_CKPT_STORE"
 TIMEOUT_ENV = "SNAPSHOTTER_CKPT_TIMEOUT"
-OPS = ("part", "commit")
+OPS = ("part", "commit", "fetch")
 MAX_EXTENTS = 1_000_000
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
 _POLL_S = 0.02
@@ -72,6 +76,7 @@ class Request:
     seed: str = ""
     parts: tuple[str, ...] = ()
     meta: Mapping[str, Any] | None = None
+    stream: str = ""  # fetch: "metadata" (the checkpoint's) or "data" (part `index`'s)
 
     def to_json(self) -> bytes:
         d: dict[str, Any] = {
@@ -80,6 +85,8 @@ class Request:
         }  # fmt: skip
         if self.op == "part":
             d.update(index=self.index, seed=self.seed)
+        elif self.op == "fetch":
+            d.update(index=self.index, stream=self.stream)
         else:
             d.update(parts=list(self.parts), meta=dict(self.meta or {}))
         return json.dumps(d, separators=(",", ":")).encode()
@@ -122,6 +129,11 @@ def parse_request(data: bytes) -> Request:
                   extents=extents)  # fmt: skip
     if d["op"] == "part":
         return Request(**common, index=_int(d, "index", 99_999), seed=_str(d, "seed"))
+    if d["op"] == "fetch":
+        stream = _str(d, "stream")
+        if stream not in ("metadata", "data"):
+            raise InvalidArgument(f"checkpoint fetch of unknown stream {stream!r}", _UPGRADE)
+        return Request(**common, index=_int(d, "index", 99_999), stream=stream)
     parts = d.get("parts")
     meta = d.get("meta")
     if not isinstance(parts, list) or not all(isinstance(p, str) for p in parts):

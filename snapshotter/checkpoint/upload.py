@@ -23,6 +23,7 @@ from snapshotter.checkpoint.spool import Request, failed, ok, parse_request, rea
 from snapshotter.errors import InvalidArgument, SnapshotterError
 from snapshotter.storage import format as fmt
 from snapshotter.storage.api import ObjectMissing, ObjectStore
+from snapshotter.storage.sealing import Seal
 from snapshotter.storage.writer import SnapshotWriter
 
 log = logging.getLogger(__name__)
@@ -66,9 +67,12 @@ class _Extents:
         return out
 
 
-def handle(store: ObjectStore, request: Request, open_fd: FdOpener) -> dict[str, Any]:
-    """Carry out `request` against the checkpoint namespace `store`; return its result
-    (spool.ok / spool.failed), never raise for the request's own faults."""
+def handle(
+    store: ObjectStore, request: Request, open_fd: FdOpener, seal: Seal | None = None
+) -> dict[str, Any]:
+    """Carry out `request` against the checkpoint namespace `store`, every chunk sealed
+    under `seal` when given (the job's tenant data key); return its result (spool.ok /
+    spool.failed), never raise for the request's own faults."""
     started = time.monotonic()
     fds: dict[int, int] = {}
     try:
@@ -76,9 +80,9 @@ def handle(store: ObjectStore, request: Request, open_fd: FdOpener) -> dict[str,
         for fd in request.fds:
             fds[fd] = open_fd(fd)
         if request.op == "part":
-            w = _part(store, request, fds)
+            w = _part(store, request, fds, seal)
         else:
-            w = _commit(store, request, fds)
+            w = _commit(store, request, fds, seal)
         m = w.committed
         assert m is not None
         return ok(m.raw_size, m.stored_size, w.uploaded_bytes, time.monotonic() - started)
@@ -104,15 +108,19 @@ def _seed(store: ObjectStore, part: str) -> list[fmt.StreamInfo]:
         return []  # dedup still finds stored content by its key, one request per chunk
 
 
-def _part(store: ObjectStore, request: Request, fds: Mapping[int, int]) -> SnapshotWriter:
+def _part(
+    store: ObjectStore, request: Request, fds: Mapping[int, int], seal: Seal | None
+) -> SnapshotWriter:
     pid = catalog.part_id(request.name, request.index)
-    with SnapshotWriter(store, pid, seed=_seed(store, request.seed)) as w:
+    with SnapshotWriter(store, pid, seed=_seed(store, request.seed), seal=seal) as w:
         w.write_stream(catalog.DATA_STREAM, _Extents(request, fds))
         w.commit({"kind": catalog.PART_KIND, "checkpoint": request.name, "index": request.index})
     return w
 
 
-def _commit(store: ObjectStore, request: Request, fds: Mapping[int, int]) -> SnapshotWriter:
+def _commit(
+    store: ObjectStore, request: Request, fds: Mapping[int, int], seal: Seal | None
+) -> SnapshotWriter:
     expected = {catalog.part_id(request.name, i) for i in range(len(request.parts))}
     if set(request.parts) != expected:
         raise InvalidArgument(
@@ -132,7 +140,7 @@ def _commit(store: ObjectStore, request: Request, fds: Mapping[int, int]) -> Sna
         stored += m.stored_size
     meta = {**dict(request.meta or {}), "kind": catalog.KIND, "parts": list(request.parts),
             "raw_bytes": raw, "stored_bytes": stored}  # fmt: skip
-    with SnapshotWriter(store, request.name) as w:
+    with SnapshotWriter(store, request.name, seal=seal) as w:
         w.write_stream(catalog.METADATA_STREAM, _Extents(request, fds))
         w.commit(meta)
     return w

@@ -62,6 +62,8 @@ class JobSpec:
     # The tenant withheld consent: the provider (a caller of no tenant) may not freeze it; the
     # tenant's own freezes and its policy snapshots go on.
     provider_opt_out: bool = False
+    # Sealed at rest under the tenant's data keys: snapshots and application checkpoints.
+    sealed: bool = False
     # What the coordinator does with the job by itself (kept in its snapshots, so a thawed
     # or recovered job keeps them). Empty messages: no policy snapshots, no recovery.
     policy: common_pb2.Policy = field(default_factory=common_pb2.Policy, compare=False)
@@ -93,6 +95,7 @@ class JobSpec:
             nproc_per_node=int(d.get("nproc_per_node", 1)),
             tenant=str(d.get("tenant") or DEFAULT_TENANT),
             provider_opt_out=bool(d.get("provider_opt_out", False)),
+            sealed=bool(d.get("sealed", False)),
             # A snapshot of an older release has neither.
             policy=convert.parse(d.get("policy") or {}, common_pb2.Policy),
             recovery=convert.parse(d.get("recovery") or {}, common_pb2.Recovery),
@@ -127,6 +130,7 @@ class JobSpec:
             nproc_per_node=self.nproc_per_node,
             tenant=self.tenant,
             provider_opt_out=self.provider_opt_out,
+            sealed=self.sealed,
             policy=self.policy,
             recovery=self.recovery,
         )
@@ -146,6 +150,7 @@ class JobSpec:
             nproc_per_node=m.nproc_per_node or 1,
             tenant=m.tenant or DEFAULT_TENANT,
             provider_opt_out=m.provider_opt_out,
+            sealed=m.sealed,
             policy=m.policy,
             recovery=m.recovery,
         )

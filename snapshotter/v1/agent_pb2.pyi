@@ -35,16 +35,18 @@ class OpenRdzvRequest(_message.Message):
     def __init__(self, job_id: _Optional[str] = ..., python: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., spare: _Optional[bool] = ...) -> None: ...
 
 class LaunchRequest(_message.Message):
-    __slots__ = ("spec", "node_rank", "rdzv", "plane")
+    __slots__ = ("spec", "node_rank", "rdzv", "plane", "seal")
     SPEC_FIELD_NUMBER: _ClassVar[int]
     NODE_RANK_FIELD_NUMBER: _ClassVar[int]
     RDZV_FIELD_NUMBER: _ClassVar[int]
     PLANE_FIELD_NUMBER: _ClassVar[int]
+    SEAL_FIELD_NUMBER: _ClassVar[int]
     spec: _common_pb2.JobSpec
     node_rank: int
     rdzv: _common_pb2.Endpoint
     plane: int
-    def __init__(self, spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., node_rank: _Optional[int] = ..., rdzv: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., plane: _Optional[int] = ...) -> None: ...
+    seal: _common_pb2.DataKey
+    def __init__(self, spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., node_rank: _Optional[int] = ..., rdzv: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., plane: _Optional[int] = ..., seal: _Optional[_Union[_common_pb2.DataKey, _Mapping]] = ...) -> None: ...
 
 class NodeJob(_message.Message):
     __slots__ = ("job_id", "node_rank", "state", "rdzv", "started", "ended", "ranks", "spec", "gpu_faults", "node")
@@ -315,7 +317,7 @@ class FetchRef(_message.Message):
     def __init__(self, op: _Optional[str] = ...) -> None: ...
 
 class RestoreRequest(_message.Message):
-    __slots__ = ("op", "spec", "ranks", "node_rank", "timeout_s", "rdzv", "epoch", "put_back_files", "plane")
+    __slots__ = ("op", "spec", "ranks", "node_rank", "timeout_s", "rdzv", "epoch", "put_back_files", "plane", "seal")
     OP_FIELD_NUMBER: _ClassVar[int]
     SPEC_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
@@ -325,6 +327,7 @@ class RestoreRequest(_message.Message):
     EPOCH_FIELD_NUMBER: _ClassVar[int]
     PUT_BACK_FILES_FIELD_NUMBER: _ClassVar[int]
     PLANE_FIELD_NUMBER: _ClassVar[int]
+    SEAL_FIELD_NUMBER: _ClassVar[int]
     op: str
     spec: _common_pb2.JobSpec
     ranks: _containers.RepeatedCompositeFieldContainer[_common_pb2.RankRecord]
@@ -334,7 +337,8 @@ class RestoreRequest(_message.Message):
     epoch: str
     put_back_files: bool
     plane: int
-    def __init__(self, op: _Optional[str] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., ranks: _Optional[_Iterable[_Union[_common_pb2.RankRecord, _Mapping]]] = ..., node_rank: _Optional[int] = ..., timeout_s: _Optional[float] = ..., rdzv: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., epoch: _Optional[str] = ..., put_back_files: _Optional[bool] = ..., plane: _Optional[int] = ...) -> None: ...
+    seal: _common_pb2.DataKey
+    def __init__(self, op: _Optional[str] = ..., spec: _Optional[_Union[_common_pb2.JobSpec, _Mapping]] = ..., ranks: _Optional[_Iterable[_Union[_common_pb2.RankRecord, _Mapping]]] = ..., node_rank: _Optional[int] = ..., timeout_s: _Optional[float] = ..., rdzv: _Optional[_Union[_common_pb2.Endpoint, _Mapping]] = ..., epoch: _Optional[str] = ..., put_back_files: _Optional[bool] = ..., plane: _Optional[int] = ..., seal: _Optional[_Union[_common_pb2.DataKey, _Mapping]] = ...) -> None: ...
 
 class BridgeRoute(_message.Message):
     __slots__ = ("dst", "via")

@@ -75,7 +75,7 @@ class LinkState(_message.Message):
     def __init__(self, name: _Optional[str] = ..., ip: _Optional[str] = ..., up: _Optional[bool] = ...) -> None: ...
 
 class JobSpec(_message.Message):
-    __slots__ = ("job_id", "script", "script_args", "module", "python", "cwd", "env", "nnodes", "nproc_per_node", "policy", "recovery", "tenant", "provider_opt_out")
+    __slots__ = ("job_id", "script", "script_args", "module", "python", "cwd", "env", "nnodes", "nproc_per_node", "policy", "recovery", "tenant", "provider_opt_out", "sealed")
     class EnvEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -96,6 +96,7 @@ class JobSpec(_message.Message):
     RECOVERY_FIELD_NUMBER: _ClassVar[int]
     TENANT_FIELD_NUMBER: _ClassVar[int]
     PROVIDER_OPT_OUT_FIELD_NUMBER: _ClassVar[int]
+    SEALED_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     script: str
     script_args: _containers.RepeatedScalarFieldContainer[str]
@@ -109,7 +110,8 @@ class JobSpec(_message.Message):
     recovery: Recovery
     tenant: str
     provider_opt_out: bool
-    def __init__(self, job_id: _Optional[str] = ..., script: _Optional[str] = ..., script_args: _Optional[_Iterable[str]] = ..., module: _Optional[bool] = ..., python: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., nnodes: _Optional[int] = ..., nproc_per_node: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., recovery: _Optional[_Union[Recovery, _Mapping]] = ..., tenant: _Optional[str] = ..., provider_opt_out: _Optional[bool] = ...) -> None: ...
+    sealed: bool
+    def __init__(self, job_id: _Optional[str] = ..., script: _Optional[str] = ..., script_args: _Optional[_Iterable[str]] = ..., module: _Optional[bool] = ..., python: _Optional[str] = ..., cwd: _Optional[str] = ..., env: _Optional[_Mapping[str, str]] = ..., nnodes: _Optional[int] = ..., nproc_per_node: _Optional[int] = ..., policy: _Optional[_Union[Policy, _Mapping]] = ..., recovery: _Optional[_Union[Recovery, _Mapping]] = ..., tenant: _Optional[str] = ..., provider_opt_out: _Optional[bool] = ..., sealed: _Optional[bool] = ...) -> None: ...
 
 class DataKey(_message.Message):
     __slots__ = ("tenant", "key_id", "key")

@@ -156,26 +156,43 @@ def agent(tmp_path: Path) -> Iterator[tuple[Coordinator, NodeAgent, str]]:
         node.shutdown()
 
 
-def test_the_node_agent_uploads_for_its_ranks(
+def test_the_node_agent_uploads_sealed_checkpoints_for_its_ranks_and_opens_them(
     agent: tuple[Coordinator, NodeAgent, str], tmp_path: Path
 ) -> None:
     coord, node, url = agent
-    out = tmp_path / "out.json"
-    st = coord.run(pb.RunRequest(
-        job_id="dcp", script=str(EXAMPLE), python=sys.executable, cwd=str(tmp_path),
-        script_args=["--steps", "8", "--save-every", "4", "--width", "256", "--out", str(out)],
-        env={"PATH": "/usr/bin", "PYTHONPATH": str(ROOT)}, nnodes=1, nproc_per_node=2))  # fmt: skip
-    st = coord.wait(st.job_id, 200)
-    assert st.state == "SUCCEEDED", st
-    result = json.loads(out.read_text())
-    assert result["via_agent"] is True
+    assert coord.encrypt  # the default: tenants' data sealed at rest
+
+    def job(job_id: str, out: Path, *args: str) -> dict:
+        st = coord.run(pb.RunRequest(
+            job_id=job_id, script=str(EXAMPLE), python=sys.executable, cwd=str(tmp_path),
+            script_args=["--save-every", "4", "--width", "256", "--out", str(out), *args],
+            env={"PATH": "/usr/bin", "PYTHONPATH": str(ROOT)}, nnodes=1,
+            nproc_per_node=2))  # fmt: skip
+        st = coord.wait(st.job_id, 200)
+        assert st.state == "SUCCEEDED", st
+        return dict(json.loads(out.read_text()))
+
+    first = job("dcp", tmp_path / "first.json", "--steps", "8")
+    assert first["via_agent"] is True
     # Two parts and a commit per save, each carried out by the agent, none by a rank's child.
     assert node.checkpoints.handled == 2 * 3
     store = catalog.checkpoint_store(url)
     assert [c.name for c in catalog.list_checkpoints(store)] == ["step-000004", "step-000008"]
-    # The newest checkpoint holds the weights the job ended with.
-    loaded = _load_model(url)
-    assert loaded == result["digest"]
+    for sid in ("step-000008", "step-000008.part00000", "step-000008.part00001"):
+        sealing = catalog.read_manifest(store, sid).sealed
+        assert sealing is not None and sealing.tenant == "default", sid
+    # Sealed: nothing outside the tenant's jobs opens it (the key never leaves the agents).
+    with pytest.raises(AssertionError, match="sealed under tenant 'default'"):
+        _load_model(url)
+    # A job of the tenant resumes from it through its agent, and trains on bit-identically.
+    resumed = job("dcp2", tmp_path / "resumed.json", "--steps", "12", "--resume",
+                  "--name", "more")  # fmt: skip
+    whole = tmp_path / "whole.json"
+    _torchrun(_env({"SNAPSHOTTER_STORE": f"file://{tmp_path / 'plain'}"}), "--steps", "12",
+              "--save-every", "100", "--out", str(whole))  # fmt: skip
+    assert resumed["start"] == 8
+    assert resumed["digest"] == json.loads(whole.read_text())["digest"]
+    assert [c.name for c in catalog.list_checkpoints(store)][-1] == "more-000012"
 
 
 LOADER = """\

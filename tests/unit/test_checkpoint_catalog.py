@@ -115,3 +115,36 @@ def test_an_empty_store_has_no_newest_checkpoint(tmp_path: Path) -> None:
     with pytest.raises(CheckpointNotFound) as e:
         catalog.latest(store)
     assert "snapshotter.checkpoint.writer" in e.value.next_step
+
+
+def test_an_agent_without_the_key_of_a_sealed_job_stores_nothing(tmp_path: Path) -> None:
+    from types import SimpleNamespace
+
+    from snapshotter.agent.checkpoints import CheckpointSpool
+    from snapshotter.agent.runtime import JobTable
+    from snapshotter.errors import KeyUnavailable
+    from snapshotter.storage.sealing import Seal
+
+    spool_ = CheckpointSpool(tmp_path / "spool", LocalDirStore(tmp_path / "s"), "file:///s",
+                             JobTable("n0"), "inc1")  # fmt: skip
+    sealed = SimpleNamespace(spec=SimpleNamespace(job_id="j", sealed=True))
+    plain = SimpleNamespace(spec=SimpleNamespace(job_id="p", sealed=False))
+    assert spool_.key_for(plain) is None  # type: ignore[arg-type]
+    with pytest.raises(KeyUnavailable, match="holds no data key") as e:
+        spool_.key_for(sealed)  # type: ignore[arg-type]
+    assert "thaw" in e.value.next_step
+    key = Seal("acme", "0123456789abcdef", bytes(32))
+    spool_.hold_key("j", key)
+    assert spool_.key_for(sealed) is key  # type: ignore[arg-type]
+    spool_.hold_key("j", None)
+    with pytest.raises(KeyUnavailable):
+        spool_.key_for(sealed)  # type: ignore[arg-type]
+
+
+def test_a_fetch_names_a_stream() -> None:
+    r = spool.parse_request(json.dumps({"op": "fetch", "id": "ab", "url": "u", "name": "c",
+                                        "index": 2, "stream": "data", "extents": []}).encode())
+    assert (r.op, r.index, r.stream, r.extents) == ("fetch", 2, "data", ())
+    assert spool.parse_request(r.to_json()) == r
+    with pytest.raises(InvalidArgument, match="unknown stream"):
+        spool.parse_request(r.to_json().replace(b'"data"', b'"../etc"'))
