@@ -13,6 +13,7 @@ own credentials).
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import shutil
@@ -178,8 +179,7 @@ class CheckpointSpool:
                 f"the node agent uploads checkpoints only to its own store, not {request.url}",
                 "save to the agent's store, or let the rank upload itself",
             )
-        pids = [p for p in (procutil.first_child(r.sandbox.pid),) if p] + \
-            procutil.sandbox_pids(r.sandbox.pid)  # fmt: skip
+        pids = procutil.sandbox_pids(r.sandbox.pid)  # the rank first: parents come first
         seal = self.key_for(job)
         if request.op == "fetch":
             return self._fetch(job, r, request, seal)
@@ -229,8 +229,6 @@ def _read_request(path: Path) -> spool.Request:
 
 
 def _write_answer(path: Path, result: dict[str, Any]) -> None:
-    import json
-
     tmp = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     try:
         fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL | os.O_NOFOLLOW, 0o600)

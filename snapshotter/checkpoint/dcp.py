@@ -349,14 +349,8 @@ def _load_items(path: Path, items: list[Any], storage_data: dict[MetadataIndex, 
                 mm.close()
 
 
-class _staging_dir:
+def _staging_dir() -> tempfile.TemporaryDirectory[str]:
     """A private temporary directory for fetched parts, in memory when /dev/shm is there."""
-
-    def __enter__(self) -> str:
-        shm = "/dev/shm"
-        base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
-        self.path = tempfile.mkdtemp(prefix="snapshotter-load-", dir=base)
-        return self.path
-
-    def __exit__(self, *exc: object) -> None:
-        shutil.rmtree(self.path, ignore_errors=True)
+    shm = "/dev/shm"
+    base = shm if os.path.isdir(shm) and os.access(shm, os.W_OK) else None
+    return tempfile.TemporaryDirectory(prefix="snapshotter-load-", dir=base)

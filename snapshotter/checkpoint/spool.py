@@ -37,7 +37,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -288,6 +288,3 @@ def read_extent(fd: int, offset: int, length: int) -> bytes:
         out += got
     return bytes(out)
 
-
-def extents_for(items: Sequence[tuple[int, int, int]]) -> tuple[Extent, ...]:
-    return tuple(Extent(fd, off, n) for fd, off, n in items)

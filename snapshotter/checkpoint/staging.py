@@ -181,8 +181,7 @@ def _copy(obj: Any, tensor: Callable[[torch.Tensor], torch.Tensor]) -> Any:
     if isinstance(obj, torch.Tensor):
         return tensor(obj)
     if isinstance(obj, dict):
-        return type(obj)((k, _copy(v, tensor)) for k, v in obj.items()) if type(obj) is not dict \
-            else {k: _copy(v, tensor) for k, v in obj.items()}  # fmt: skip
+        return type(obj)((k, _copy(v, tensor)) for k, v in obj.items())  # OrderedDict stays one
     if isinstance(obj, list):
         return [_copy(v, tensor) for v in obj]
     if isinstance(obj, tuple):

@@ -39,7 +39,7 @@ class _Extents:
 
     def __init__(self, request: Request, fds: Mapping[int, int]) -> None:
         self._pieces = self._generate(request, fds)
-        self._buf = b""
+        self._piece = memoryview(b"")
         self.raw = 0
 
     def _generate(self, request: Request, fds: Mapping[int, int]) -> Iterator[bytes]:
@@ -54,17 +54,19 @@ class _Extents:
             at = start + e.length
 
     def read(self, size: int = -1) -> bytes:
-        while size < 0 or len(self._buf) < size:
-            piece = next(self._pieces, None)
-            if piece is None:
-                break
-            self._buf += piece
-        if size < 0:
-            out, self._buf = self._buf, b""
-        else:
-            out, self._buf = self._buf[:size], self._buf[size:]
+        # A piece is consumed through a view: what is left of it is never copied again.
+        out = bytearray()
+        while size < 0 or len(out) < size:
+            if not self._piece:
+                piece = next(self._pieces, None)
+                if piece is None:
+                    break
+                self._piece = memoryview(piece)
+            n = len(self._piece) if size < 0 else min(len(self._piece), size - len(out))
+            out += self._piece[:n]
+            self._piece = self._piece[n:]
         self.raw += len(out)
-        return out
+        return bytes(out)
 
 
 def handle(
