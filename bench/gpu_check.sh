@@ -3,7 +3,8 @@
 # 2-rank NCCL DDP job sharing GPU 0, and migrate one rank of a 2-rank gloo job on GPU 0 to a
 # new sandbox while the other stays in memory (issue 12); each must finish bit-identical to
 # an uninterrupted run. Also saves 1 GiB of CUDA state with dcp.async_save through
-# snapshotter.checkpoint (issue 16) and loads it back.
+# snapshotter.checkpoint (issue 16) and loads it back, and pushes 1 GiB of CUDA weights from
+# one agent's job to another's (snapshotter.weights).
 # Prints one JSON line per case (GB/s of GPU state captured/restored, stall) and a summary.
 #
 # The device machine has torch + cuda-python but no package registry and no CRIU, so CRIU,
@@ -39,6 +40,7 @@ fi
 if [[ "${1:-}" == "--rehearse" ]]; then
     .venv/bin/python bench/gpu_health_check.py --fake --seconds 1
     .venv/bin/python bench/gpu_ckpt_check.py --device cpu --mib 64
+    .venv/bin/python bench/gpu_weights_check.py --device cpu --mib 64 --reps 3
     exec .venv/bin/python bench/gpu_check.py --driver fake --device cpu --steps 60 \
         --freeze-at 10 --width 256 --layers 2 --work "${TMPDIR:-/tmp}/snapshotter-gpu-rehearsal"
 fi
@@ -64,6 +66,8 @@ timeout 150 "$PY" bench/gpu_preflight.py || true
 timeout 30 "$PY" bench/gpu_health_check.py || true   # NVML: XID/ECC watcher on the real GPU
 # Application checkpoints from CUDA memory: pinned staging slots, D2H stall, load bit-identical.
 timeout 90 "$PY" bench/gpu_ckpt_check.py --device cuda --mib 1024 || true
+# Weight push from and into CUDA tensors, between two agents (staged through pinned memory).
+timeout 120 "$PY" bench/gpu_weights_check.py --device cuda --mib 1024 || true
 rc=0
 timeout 480 "$PY" bench/gpu_check.py --driver cuda --device cuda "$@" || rc=$?
 if [[ -n "${OUT:-}" && -d /tmp/snapshotter-gpu-check ]]; then

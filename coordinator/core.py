@@ -40,6 +40,7 @@ from snapshotter.coordinator.life import JobLife
 from snapshotter.coordinator.quotas import TenantLimits
 from snapshotter.coordinator.thaw import ThawOperation
 from snapshotter.coordinator.webhooks import WebhookConfig, Webhooks
+from snapshotter.coordinator.weights import WeightsBoard
 from snapshotter.launch.spec import JobSpec, new_job_id, nproc_for, validate_job_id
 from snapshotter.procutil import resources
 from snapshotter.rpc import convert
@@ -155,6 +156,8 @@ class Coordinator:
         )
         # Each job's events and recoveries, kept in the store for the next coordinator.
         self.journal = Journal(store)
+        # Weight push's directory: newest version per channel, who pulls from whom.
+        self.weights = WeightsBoard(self)
         self._lock = threading.Lock()
 
     # ---- agents ------------------------------------------------------------------------------

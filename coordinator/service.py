@@ -102,6 +102,12 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     def DrainSelf(self, req: pb.DrainRequest, ctx: Any) -> pb.DrainReply:
         return drain.drain_self(self.c, req)
 
+    def AnnounceWeights(self, req: pb.AnnounceWeightsRequest, ctx: Any) -> common_pb2.Empty:
+        return self.c.weights.announce(req)
+
+    def WatchWeights(self, req: pb.WatchWeightsRequest, ctx: Any) -> pb.WeightsPlan:
+        return self.c.weights.watch(req)
+
     def Freeze(self, req: pb.FreezeRequest, ctx: Any) -> Iterator[pb.FreezeEvent]:
         self._check_job(req.job_id)
         tenancy.check_provider_freeze(req.job_id, self.c.job(req.job_id).spec.provider_opt_out)

@@ -104,6 +104,7 @@ class Supervisor:
                 log.exception("supervisor tick failed")
 
     def tick(self) -> None:
+        self.c.keep_lives()  # first: what follows may wait on slow agents
         for rec in self.c.unfinished():
             if rec.busy is not None or rec.life.busy():
                 continue
@@ -321,6 +322,9 @@ def set_policy(c: Coordinator, req: pb.SetPolicyRequest) -> pb.PolicyInfo:
     missed = c.share_policy(rec)
     note = f" (not kept on node(s) {', '.join(missed)}: they did not answer)" if missed else ""
     rec.life.add("policy", detail=new.describe() + note)
+    # Kept at once, not at the next tick: an operator's change must outlive a coordinator
+    # killed right after it (the tick may be slow while agents are busy freezing).
+    c.journal.save_changed([(req.job_id, rec.life)])
     return show_policy(c, req.job_id)
 
 

@@ -33,6 +33,7 @@ from snapshotter.agent.links import LinkWatcher, check_links
 from snapshotter.agent.netenv import interface_of, node_network_env
 from snapshotter.agent.node import NodeAgent, NodeSettings
 from snapshotter.agent.retention import Retention
+from snapshotter.agent.weights import RpcRegistry
 from snapshotter.config import (
     Paths,
     chunk_cache_bytes,
@@ -169,6 +170,7 @@ def serve_embedded(paths: Paths, bind_host: str = "127.0.0.1") -> int:
         limits=TenantLimits(paths.tenants_file),
         webhooks=Webhooks(WebhookConfig(paths.webhooks_file)),
     )  # fmt: skip
+    agent.weights.attach(coord.weights)
     supervisor = Supervisor(coord, tick_s=supervise_tick())
     supervisor.start()
 
@@ -345,6 +347,7 @@ def serve_agent(cfg: AgentConfig) -> int:
         extra_check=agent_service.fence_check(fence),
     )
     coord = coordinator_client(cfg.coordinator, peer="agent")
+    agent.weights.attach(RpcRegistry(coord.stub))
     beat_now = threading.Event()
     # Heartbeats go on after a SIGTERM, until the drain is over: a node draining itself must
     # not look lost to the coordinator meanwhile (its jobs would be frozen, not migrated).

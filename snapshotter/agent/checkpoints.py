@@ -25,6 +25,7 @@ from typing import Any
 
 from snapshotter import procutil
 from snapshotter.agent.runtime import JobTable, NodeJob, RankRuntime
+from snapshotter.agent.weights import WeightsHub
 from snapshotter.checkpoint import catalog, spool, upload
 from snapshotter.errors import InvalidArgument, KeyUnavailable, PermissionDenied
 from snapshotter.storage.api import ObjectStore
@@ -56,6 +57,8 @@ class CheckpointSpool:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._keys: dict[str, Seal] = {}  # job -> its tenant's data key (memory only)
+        # Weight push's ops go to it (agent/weights.py); None: refused.
+        self.weights: WeightsHub | None = None
         self._lock = threading.Lock()
         self.handled = 0
 
@@ -174,6 +177,13 @@ class CheckpointSpool:
         self.handled += 1
 
     def _carry_out(self, job: NodeJob, r: RankRuntime, request: spool.Request) -> dict[str, Any]:
+        if request.op in spool.WEIGHT_OPS:
+            if self.weights is None:
+                raise InvalidArgument("this node agent moves no weights",
+                                      "run the job under a snapshotter agent of this version")
+            pids = procutil.sandbox_pids(r.sandbox.pid)
+            return self.weights.handle(job.spec.job_id, job.spec.tenant, request,
+                                       lambda fd: open_rank_memfd(pids, fd))  # fmt: skip
         if not spool.same_store(request.url, self.store_url):
             raise InvalidArgument(
                 f"the node agent uploads checkpoints only to its own store, not {request.url}",

@@ -25,6 +25,7 @@ import time
 import uuid
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from snapshotter import __version__, errors
 from snapshotter.agent import keeping, settle
@@ -43,6 +44,7 @@ from snapshotter.agent.retention import Retention, dirs_to_prune
 from snapshotter.agent.runtime import JobTable, NodeJob, NodeJobState
 from snapshotter.agent.sandboxes import Sandboxes
 from snapshotter.agent.thaw import Thaws
+from snapshotter.agent.weights import WeightsHub
 from snapshotter.config import Paths, local_copy_bytes, rdzv_spares
 from snapshotter.gpu import auto_health, auto_stage
 from snapshotter.gpu.health import GpuFault, GpuHealth, fault_proto
@@ -123,6 +125,12 @@ class NodeAgent:
         self.jobs = JobTable(name)
         self.checkpoints = CheckpointSpool(self.paths.home / "ckpt-spool", store,
                                            settings.store_url, self.jobs, self.incarnation)
+        shm = Path("/dev/shm")
+        self.weights = WeightsHub(
+            (shm if shm.is_dir() else self.paths.home) / f"snapshotter-weights-{self.incarnation}",
+            name, settings.peer_tls,
+        )
+        self.checkpoints.weights = self.weights
         links_env, ckpt_env = self.links.env, self.checkpoints.env
 
         def env(plane: int = 0) -> dict[str, str]:
@@ -300,6 +308,7 @@ class NodeAgent:
         left; keep CRIU's logs bounded."""
         children.reap_strays()
         self.checkpoints.prune()
+        self.weights.prune(set(self.jobs.running_ids()))
         r = self.settings.retention
         for job_id in self.jobs.forget_finished(r.finished_jobs, r.finished_job_age_s):
             shutil.rmtree(self.paths.job_dir(job_id), ignore_errors=True)
@@ -329,6 +338,7 @@ class NodeAgent:
         if self._maintainer is not threading.current_thread():
             self._maintainer.join(timeout=10)
         self.checkpoints.close()
+        self.weights.close()
         if self.gpu_health is not None:
             self.gpu_health.stop()
         self.rdzv.stop_all()

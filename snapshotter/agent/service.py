@@ -179,6 +179,14 @@ class AgentService(agent_pb2_grpc.AgentServicer):
         rank = req.rank if req.HasField("rank") else None
         return self.agent.logs(req.job_id, rank, req.offset, req.follow)
 
+    def WeightsIndex(self, req: agent_pb2.WeightsRequest, ctx: Any) -> agent_pb2.WeightsIndexReply:
+        return self.agent.weights.index_of(req)
+
+    def ReadWeights(
+        self, req: agent_pb2.WeightsRequest, ctx: Any
+    ) -> Iterator[agent_pb2.WeightPiece]:
+        return self.agent.weights.read(req)
+
 
 def register(agent: NodeAgent) -> Any:
     """What rpc.server.serve calls to add this service to a server."""

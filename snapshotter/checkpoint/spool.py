@@ -23,6 +23,10 @@ Either way the upload runs outside the rank's interpreter: the rank's thread onl
               "extents":[...metadata...],"meta":{...}}
              {"op":"fetch","id":ID,"url":U,"name":N,"index":I,"stream":"data"|"metadata",
               "extents":[]}   a sealed checkpoint: the agent unseals with the job's key
+             {"op":"publish","id":ID,"url":U,"name":CHANNEL,"extents":[...one per tensor...],
+              "meta":{"version":V,"tensors":[{"name","dtype","shape"},...]}}
+             {"op":"subscribe","id":ID,"url":U,"name":CHANNEL,"extents":[]}
+                              weight push (agent/weights.py): answered {"ok":true,"dir":D}
     result   {"ok":true,"path":P,...} for a fetch: the verified raw stream, in a directory
              the rank removes once read
     result   {"ok":true,"raw_bytes":R,"stored_bytes":S,"uploaded_bytes":B,"seconds":T}
@@ -49,7 +53,8 @@ MEMFD_NAME = "snapshotter-ckpt"
 SPOOL_ENV = "SNAPSHOTTER_CKPT_SPOOL"
 STORE_ENV = "SNAPSHOTTER_CKPT_STORE"
 TIMEOUT_ENV = "SNAPSHOTTER_CKPT_TIMEOUT"
-OPS = ("part", "commit", "fetch")
+OPS = ("part", "commit", "fetch", "publish", "subscribe")
+WEIGHT_OPS = ("publish", "subscribe")  # weight push (snapshotter.weights): the agent only
 MAX_EXTENTS = 1_000_000
 MAX_REQUEST_BYTES = 64 * 1024 * 1024
 _POLL_S = 0.02
@@ -87,7 +92,9 @@ class Request:
             d.update(index=self.index, seed=self.seed)
         elif self.op == "fetch":
             d.update(index=self.index, stream=self.stream)
-        else:
+        elif self.op == "publish":
+            d.update(meta=dict(self.meta or {}))
+        elif self.op == "commit":
             d.update(parts=list(self.parts), meta=dict(self.meta or {}))
         return json.dumps(d, separators=(",", ":")).encode()
 
@@ -134,6 +141,11 @@ def parse_request(data: bytes) -> Request:
         if stream not in ("metadata", "data"):
             raise InvalidArgument(f"checkpoint fetch of unknown stream {stream!r}", _UPGRADE)
         return Request(**common, index=_int(d, "index", 99_999), stream=stream)
+    if d["op"] in WEIGHT_OPS:
+        meta = d.get("meta", {})
+        if not isinstance(meta, dict):
+            raise InvalidArgument("weights request meta is not an object", _UPGRADE)
+        return Request(**common, meta=meta)
     parts = d.get("parts")
     meta = d.get("meta")
     if not isinstance(parts, list) or not all(isinstance(p, str) for p in parts):

@@ -19,7 +19,14 @@ from collections.abc import Callable, Iterator, Mapping
 from typing import Any
 
 from snapshotter.checkpoint import catalog
-from snapshotter.checkpoint.spool import Request, failed, ok, parse_request, read_extent
+from snapshotter.checkpoint.spool import (
+    WEIGHT_OPS,
+    Request,
+    failed,
+    ok,
+    parse_request,
+    read_extent,
+)
 from snapshotter.errors import InvalidArgument, SnapshotterError
 from snapshotter.storage import format as fmt
 from snapshotter.storage.api import ObjectMissing, ObjectStore
@@ -78,6 +85,11 @@ def handle(
     started = time.monotonic()
     fds: dict[int, int] = {}
     try:
+        if request.op in WEIGHT_OPS:
+            raise InvalidArgument(
+                "weights move only between snapshotter node agents, and this rank has none",
+                "run the job with `snapshotter run` (or thaw it under snapshotter)",
+            )
         catalog.check_name(request.name)
         for fd in request.fds:
             fds[fd] = open_fd(fd)

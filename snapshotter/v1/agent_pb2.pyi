@@ -7,6 +7,36 @@ from typing import ClassVar as _ClassVar, Optional as _Optional, Union as _Union
 
 DESCRIPTOR: _descriptor.FileDescriptor
 
+class WeightsRequest(_message.Message):
+    __slots__ = ("tenant", "channel", "lineage", "version", "token", "names")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    LINEAGE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    NAMES_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    channel: str
+    lineage: str
+    version: int
+    token: str
+    names: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tenant: _Optional[str] = ..., channel: _Optional[str] = ..., lineage: _Optional[str] = ..., version: _Optional[int] = ..., token: _Optional[str] = ..., names: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class WeightsIndexReply(_message.Message):
+    __slots__ = ("index",)
+    INDEX_FIELD_NUMBER: _ClassVar[int]
+    index: bytes
+    def __init__(self, index: _Optional[bytes] = ...) -> None: ...
+
+class WeightPiece(_message.Message):
+    __slots__ = ("name", "data")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    DATA_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    data: bytes
+    def __init__(self, name: _Optional[str] = ..., data: _Optional[bytes] = ...) -> None: ...
+
 class JobPolicy(_message.Message):
     __slots__ = ("job_id", "policy")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

@@ -175,6 +175,16 @@ class AgentStub:
                 request_serializer=snapshotter_dot_v1_dot_common__pb2.LogsRequest.SerializeToString,
                 response_deserializer=snapshotter_dot_v1_dot_common__pb2.LogChunk.FromString,
                 _registered_method=True)
+        self.WeightsIndex = channel.unary_unary(
+                '/snapshotter.v1.Agent/WeightsIndex',
+                request_serializer=snapshotter_dot_v1_dot_agent__pb2.WeightsRequest.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_agent__pb2.WeightsIndexReply.FromString,
+                _registered_method=True)
+        self.ReadWeights = channel.unary_stream(
+                '/snapshotter.v1.Agent/ReadWeights',
+                request_serializer=snapshotter_dot_v1_dot_agent__pb2.WeightsRequest.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_agent__pb2.WeightPiece.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -359,6 +369,20 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def WeightsIndex(self, request, context):
+        """Weight push (snapshotter.weights): a version of a channel this node holds (published by
+        a rank here, or pulled, maybe still arriving), read by another node's agent.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ReadWeights(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -501,6 +525,16 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.Logs,
                     request_deserializer=snapshotter_dot_v1_dot_common__pb2.LogsRequest.FromString,
                     response_serializer=snapshotter_dot_v1_dot_common__pb2.LogChunk.SerializeToString,
+            ),
+            'WeightsIndex': grpc.unary_unary_rpc_method_handler(
+                    servicer.WeightsIndex,
+                    request_deserializer=snapshotter_dot_v1_dot_agent__pb2.WeightsRequest.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_agent__pb2.WeightsIndexReply.SerializeToString,
+            ),
+            'ReadWeights': grpc.unary_stream_rpc_method_handler(
+                    servicer.ReadWeights,
+                    request_deserializer=snapshotter_dot_v1_dot_agent__pb2.WeightsRequest.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_agent__pb2.WeightPiece.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1259,6 +1293,60 @@ class Agent:
             '/snapshotter.v1.Agent/Logs',
             snapshotter_dot_v1_dot_common__pb2.LogsRequest.SerializeToString,
             snapshotter_dot_v1_dot_common__pb2.LogChunk.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WeightsIndex(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapshotter.v1.Agent/WeightsIndex',
+            snapshotter_dot_v1_dot_agent__pb2.WeightsRequest.SerializeToString,
+            snapshotter_dot_v1_dot_agent__pb2.WeightsIndexReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ReadWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_stream(
+            request,
+            target,
+            '/snapshotter.v1.Agent/ReadWeights',
+            snapshotter_dot_v1_dot_agent__pb2.WeightsRequest.SerializeToString,
+            snapshotter_dot_v1_dot_agent__pb2.WeightPiece.FromString,
             options,
             channel_credentials,
             insecure,

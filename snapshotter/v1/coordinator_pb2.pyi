@@ -735,3 +735,69 @@ class SetTenantRequest(_message.Message):
     max_concurrent_freezes: int
     webhook_url: str
     def __init__(self, tenant: _Optional[str] = ..., max_stored_bytes: _Optional[int] = ..., max_concurrent_freezes: _Optional[int] = ..., webhook_url: _Optional[str] = ...) -> None: ...
+
+class AnnounceWeightsRequest(_message.Message):
+    __slots__ = ("node", "job_id", "channel", "lineage", "version", "token", "published", "failed", "bytes", "tensors")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    LINEAGE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHED_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    TENSORS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    job_id: str
+    channel: str
+    lineage: str
+    version: int
+    token: str
+    published: bool
+    failed: bool
+    bytes: int
+    tensors: int
+    def __init__(self, node: _Optional[str] = ..., job_id: _Optional[str] = ..., channel: _Optional[str] = ..., lineage: _Optional[str] = ..., version: _Optional[int] = ..., token: _Optional[str] = ..., published: _Optional[bool] = ..., failed: _Optional[bool] = ..., bytes: _Optional[int] = ..., tensors: _Optional[int] = ...) -> None: ...
+
+class WatchWeightsRequest(_message.Message):
+    __slots__ = ("node", "job_id", "channel", "lineage", "version", "timeout_s")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    LINEAGE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    job_id: str
+    channel: str
+    lineage: str
+    version: int
+    timeout_s: float
+    def __init__(self, node: _Optional[str] = ..., job_id: _Optional[str] = ..., channel: _Optional[str] = ..., lineage: _Optional[str] = ..., version: _Optional[int] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class WeightsSource(_message.Message):
+    __slots__ = ("node", "address")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    address: str
+    def __init__(self, node: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+
+class WeightsPlan(_message.Message):
+    __slots__ = ("channel", "lineage", "version", "token", "sources", "bytes", "tenant")
+    CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    LINEAGE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    SOURCES_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    channel: str
+    lineage: str
+    version: int
+    token: str
+    sources: _containers.RepeatedCompositeFieldContainer[WeightsSource]
+    bytes: int
+    tenant: str
+    def __init__(self, channel: _Optional[str] = ..., lineage: _Optional[str] = ..., version: _Optional[int] = ..., token: _Optional[str] = ..., sources: _Optional[_Iterable[_Union[WeightsSource, _Mapping]]] = ..., bytes: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...

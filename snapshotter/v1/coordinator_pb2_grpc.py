@@ -160,6 +160,16 @@ class CoordinatorStub:
                 request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.GcRequest.SerializeToString,
                 response_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.GcReport.FromString,
                 _registered_method=True)
+        self.AnnounceWeights = channel.unary_unary(
+                '/snapshotter.v1.Coordinator/AnnounceWeights',
+                request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.AnnounceWeightsRequest.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_common__pb2.Empty.FromString,
+                _registered_method=True)
+        self.WatchWeights = channel.unary_unary(
+                '/snapshotter.v1.Coordinator/WatchWeights',
+                request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.WatchWeightsRequest.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.WeightsPlan.FromString,
+                _registered_method=True)
         self.Shutdown = channel.unary_unary(
                 '/snapshotter.v1.Coordinator/Shutdown',
                 request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.ShutdownRequest.SerializeToString,
@@ -339,6 +349,20 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AnnounceWeights(self, request, context):
+        """Weight push (snapshotter.weights): a node agent says it holds (or failed to get) a
+        version of a channel, or waits for a newer one and learns where to pull it from.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def WatchWeights(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Shutdown(self, request, context):
         """Stop the embedded daemon (refused by a standalone coordinator).
         """
@@ -473,6 +497,16 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Gc,
                     request_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.GcRequest.FromString,
                     response_serializer=snapshotter_dot_v1_dot_coordinator__pb2.GcReport.SerializeToString,
+            ),
+            'AnnounceWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.AnnounceWeights,
+                    request_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.AnnounceWeightsRequest.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_common__pb2.Empty.SerializeToString,
+            ),
+            'WatchWeights': grpc.unary_unary_rpc_method_handler(
+                    servicer.WatchWeights,
+                    request_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.WatchWeightsRequest.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_coordinator__pb2.WeightsPlan.SerializeToString,
             ),
             'Shutdown': grpc.unary_unary_rpc_method_handler(
                     servicer.Shutdown,
@@ -1155,6 +1189,60 @@ class Coordinator:
             '/snapshotter.v1.Coordinator/Gc',
             snapshotter_dot_v1_dot_coordinator__pb2.GcRequest.SerializeToString,
             snapshotter_dot_v1_dot_coordinator__pb2.GcReport.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AnnounceWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapshotter.v1.Coordinator/AnnounceWeights',
+            snapshotter_dot_v1_dot_coordinator__pb2.AnnounceWeightsRequest.SerializeToString,
+            snapshotter_dot_v1_dot_common__pb2.Empty.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def WatchWeights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapshotter.v1.Coordinator/WatchWeights',
+            snapshotter_dot_v1_dot_coordinator__pb2.WatchWeightsRequest.SerializeToString,
+            snapshotter_dot_v1_dot_coordinator__pb2.WeightsPlan.FromString,
             options,
             channel_credentials,
             insecure,

@@ -693,3 +693,35 @@ def test_a_drain_under_recover_auto_migrates_instead_of_freezing(
     jobs = cli.json("jobs")["jobs"]
     assert [j["job_id"] for j in jobs if j["state"] == "RUNNING"] == [], [
         (j["job_id"], j["state"], j["nodes"]) for j in jobs]
+
+
+def test_the_rl_example_pushes_weights_to_replicas_on_other_nodes(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """examples/rl_weights.py as its docstring runs it: two replica jobs on nodes b and c, the
+    trainer on a; the weights go agent to agent over mutual TLS. Every rollout ran wholly on
+    one version, that version's weights bit for bit the trainer's, and the replicas followed
+    the trainer's versions while it learned."""
+    cli = deployment.cli
+    example = ROOT / "examples" / "rl_weights.py"
+    rollouts = ("--rollouts", str(tmp_path / "rollouts"))
+    one = {"nnodes": 1, "nproc": 1, "script": example}
+    replicas = [cli.start_job(tmp_path / f"{n}.json", "--role", "replica", "--name", n,
+                              *rollouts, nodes=n, **one) for n in ("b", "c")]  # fmt: skip
+    trainer = cli.start_job(tmp_path / "a.json", "--role", "trainer", "--versions", "20",
+                            *rollouts, nodes="a", **one)  # fmt: skip
+    for job in (trainer, *replicas):
+        st = cli.wait(job)
+        assert st["state"] == "SUCCEEDED", (st, deployment.logs())
+    t = read_json(tmp_path / "a.json")
+    assert len(t["steps"]) == 19 and all(s["used"] for s in t["steps"])
+    for n in ("b", "c"):
+        got = read_json(tmp_path / f"{n}.json")["rollouts"]
+        assert got, f"replica on {n} made no rollout"
+        versions = [r["version"] for r in got]
+        assert versions == sorted(versions) and len(set(versions)) > 1, versions
+        for r in got:
+            assert r["before"] == r["after"] == t["versions"][str(r["version"])], r
+    # What each replica's rollout lines say is what the trainer learned from.
+    used = {v for s in t["steps"] for v in s["used"]}
+    assert len(used) > 3, used
