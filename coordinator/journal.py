@@ -106,20 +106,24 @@ class Journal:
         self.store = store
         self._written: dict[str, int] = {}
         self._lock = threading.Lock()
+        self._write_lock = threading.Lock()
 
     def save_changed(self, lives: Iterable[tuple[str, JobLife]]) -> None:
-        for job_id, life in lives:
-            changes = life.changes
-            with self._lock:
-                if self._written.get(job_id, 0) == changes:  # (a job with no events: nothing)
+        # One writer at a time (the tick and an operator's change): an older life must not
+        # land after a newer one.
+        with self._write_lock:
+            for job_id, life in lives:
+                changes = life.changes
+                with self._lock:
+                    if self._written.get(job_id, 0) == changes:  # (no events: nothing)
+                        continue
+                try:
+                    self.store.put_bytes(key_of(job_id), dump(job_id, life))
+                except errors.SnapshotterError as e:
+                    log.warning("job %s: its events are not kept in the store now: %s", job_id, e)
                     continue
-            try:
-                self.store.put_bytes(key_of(job_id), dump(job_id, life))
-            except errors.SnapshotterError as e:
-                log.warning("job %s: its events are not kept in the store now: %s", job_id, e)
-                continue
-            with self._lock:
-                self._written[job_id] = changes
+                with self._lock:
+                    self._written[job_id] = changes
 
     def read(self, job_id: str) -> JobLife | None:
         """The job's life as last written, or None (none written, or unreadable)."""

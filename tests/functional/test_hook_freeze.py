@@ -15,7 +15,7 @@ import pytest
 
 from tests.support.hookagent import FakeAgent
 
-pytestmark = pytest.mark.timeout(120)
+pytestmark = pytest.mark.timeout(240)
 
 DDP_STEPS = "300"
 SUB_STEPS = "1000"
@@ -28,7 +28,7 @@ def run_job(tmp: Path, script: str, steps: str, hook: bool, drive=None, env=None
         agent.launch(hook=hook, env=env)
         if drive is not None:
             drive(agent)
-        agent.wait_exit(90)
+        agent.wait_exit(180)
         return out.read_text()
     finally:
         agent.close()

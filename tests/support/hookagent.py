@@ -177,19 +177,25 @@ class FakeAgent:
                 rk.line_event.wait(min(left, 0.5))
 
     def wait_exit(self, timeout: float = 120.0) -> None:
+        """Every rank exits 0 within `timeout`; else an error with every rank's state and
+        output (a rank that failed early leaves the others waiting in a collective)."""
         deadline = time.monotonic() + timeout
+        while time.monotonic() < deadline:
+            codes = [rk.proc.poll() for rk in self.ranks]
+            if all(c == 0 for c in codes):
+                return
+            if any(c not in (None, 0) for c in codes):
+                time.sleep(0.2)  # the rest of its output
+                break
+            time.sleep(0.1)
+        report = []
         for rk in self.ranks:
-            try:
-                rc = rk.proc.wait(max(0.1, deadline - time.monotonic()))
-            except subprocess.TimeoutExpired as e:
-                raise AgentError(
-                    f"rank {rk.rank} still running; last output:\n" + "\n".join(rk.lines[-30:])
-                ) from e
-            if rc != 0:
-                time.sleep(0.2)
-                raise AgentError(
-                    f"rank {rk.rank} exited {rc}; last output:\n" + "\n".join(rk.lines[-40:])
-                )
+            rc = rk.proc.poll()
+            state = "still running" if rc is None else f"exited {rc}"
+            report.append(f"rank {rk.rank} {state}; last output:\n" + "\n".join(rk.lines[-30:]))
+        if self.rdzv_proc.poll() is not None:
+            report.append(f"the rendezvous server exited {self.rdzv_proc.returncode}")
+        raise AgentError("\n".join(report))
 
     def restart_rdzv(self) -> None:
         """Stop the rendezvous server and start a fresh one on a new port (as on a new node)."""
