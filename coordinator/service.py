@@ -108,6 +108,9 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
     def WatchWeights(self, req: pb.WatchWeightsRequest, ctx: Any) -> pb.WeightsPlan:
         return self.c.weights.watch(req)
 
+    def Weights(self, req: common_pb2.Empty, ctx: Any) -> pb.WeightsChannelList:
+        return self.c.weights.listing(tenancy.scope())
+
     def Freeze(self, req: pb.FreezeRequest, ctx: Any) -> Iterator[pb.FreezeEvent]:
         self._check_job(req.job_id)
         tenancy.check_provider_freeze(req.job_id, self.c.job(req.job_id).spec.provider_opt_out)

@@ -140,6 +140,12 @@ class WeightsBoard:
         a = self.c.live_agents().get(node)
         return a.address if a is not None else None
 
-    def channels(self) -> list[Channel]:
+    def listing(self, tenant: str | None) -> pb.WeightsChannelList:
+        """Every channel (tenant None: the provider's view) or one tenant's; no tickets."""
         with self._cond:
-            return list(self._channels.values())
+            chs = sorted(self._channels.values(), key=lambda ch: (ch.tenant, ch.name))
+            return pb.WeightsChannelList(channels=[
+                pb.WeightsChannel(tenant=ch.tenant, channel=ch.name, lineage=ch.lineage,
+                                  version=ch.version, publisher=ch.publisher, bytes=ch.bytes,
+                                  holders=sorted(ch.holders), failed=sorted(ch.failed))
+                for ch in chs if tenant is None or ch.tenant == tenant])  # fmt: skip

@@ -86,6 +86,12 @@ HEARTBEATS_SENT = Counter("snapshotter_heartbeats_sent", "heartbeats to the coor
 TRANSFER_BYTES = Counter("snapshotter_transfer_bytes", "bytes moved by uploads and fetches: raw "
                          "image bytes, and stored bytes sent", ["direction", "kind"],
                          registry=AGENT)  # fmt: skip
+WEIGHTS_VERSIONS = Counter("snapshotter_weights_versions", "weight versions this agent took, "
+                           "by how (published here, pulled whole, pull failed)", ["how"],
+                           registry=AGENT)  # fmt: skip
+WEIGHTS_BYTES = Counter("snapshotter_weights_bytes", "weight-push bytes by direction (published "
+                        "here, fetched from peers, served to peers, copied unchanged)",
+                        ["direction"], registry=AGENT)  # fmt: skip
 
 
 def observed(op: str, events: Iterable[E]) -> Iterator[E]:

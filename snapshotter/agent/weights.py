@@ -46,7 +46,7 @@ from typing import Any, Protocol
 
 import xxhash
 
-from snapshotter import errors
+from snapshotter import errors, metrics
 from snapshotter.checkpoint import spool
 from snapshotter.rpc.client import Target, agent_client
 from snapshotter.rpc.tls import TlsFiles
@@ -209,6 +209,8 @@ class WeightsHub:
         for e in ix.entries:
             v.mark(e.name)
         self._hold(key, v)
+        metrics.WEIGHTS_VERSIONS.labels("published").inc()
+        metrics.WEIGHTS_BYTES.labels("published").inc(ix.size)
         self._announce(cpb.AnnounceWeightsRequest(
             node=self.node, job_id=job_id, channel=key[1], lineage=job_id, version=version,
             token=v.token, published=True, bytes=ix.size, tensors=len(ix.entries)))  # fmt: skip
@@ -326,6 +328,7 @@ class WeightsHub:
                     n = min(PIECE, e.length - off)
                     data = os.pread(fd, n, e.offset + off) if n > 0 else b""
                     yield agent_pb2.WeightPiece(name=e.name if first else "", data=data)
+                    metrics.WEIGHTS_BYTES.labels("served").inc(len(data))
                     first = False
         finally:
             os.close(fd)
@@ -406,6 +409,7 @@ class WeightsHub:
                 self.pull(key, plan)
             except Exception as e:  # noqa: BLE001 - the follower must outlive a bad pull
                 log.warning("pulling weights %s v%d: %s", key[1], plan.version, e)
+                metrics.WEIGHTS_VERSIONS.labels("failed").inc()
                 self._announce(cpb.AnnounceWeightsRequest(
                     node=self.node, job_id=job_id, channel=key[1], lineage=plan.lineage,
                     version=plan.version, failed=True))  # fmt: skip
@@ -457,6 +461,7 @@ class WeightsHub:
             raise
         self._hold(key, v)
         self.pulled += 1
+        metrics.WEIGHTS_VERSIONS.labels("pulled").inc()
         return v
 
     def _copy_unchanged(self, prev: Version, v: Version, todo: set[str]) -> None:
@@ -467,6 +472,7 @@ class WeightsHub:
                 for e in v.index.entries:
                     if e.name not in todo:
                         _copy(src, old[e.name].offset, out.fileno(), e.offset, e.length)
+                        metrics.WEIGHTS_BYTES.labels("unchanged").inc(e.length)
                         v.mark(e.name)
         finally:
             os.close(src)
@@ -498,6 +504,7 @@ class WeightsHub:
                     h.update(piece.data)
                     got += len(piece.data)
                     self.fetched_bytes += len(piece.data)
+                    metrics.WEIGHTS_BYTES.labels("fetched").inc(len(piece.data))
                     if got == cur.length:
                         if h.hexdigest() != cur.digest:
                             raise errors.InvalidArgument(

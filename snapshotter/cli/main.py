@@ -392,6 +392,17 @@ def cmd_jobs(a: argparse.Namespace) -> int:
     return 0
 
 
+def cmd_weights(a: argparse.Namespace) -> int:
+    res = _client().stub.Weights(common_pb2.Empty(), timeout=60)
+    rows = [[c.channel, c.tenant, str(c.version), f"{c.lineage}@{c.publisher}",
+             human_bytes(c.bytes), ",".join(c.holders) or "-", ",".join(c.failed) or "-"]
+            for c in res.channels]  # fmt: skip
+    text = table(rows, ["CHANNEL", "TENANT", "VERSION", "PUBLISHED BY", "SIZE", "HELD ON",
+                        "FAILED ON"])  # fmt: skip
+    emit_result(plain(res), a.json, None, text if rows else "no weights published")
+    return 0
+
+
 def _status_text(st: Msg) -> str:
     lines = [
         f"job {st['job_id']}: {st['state']}  ({st['nnodes']} node(s) x "
@@ -725,6 +736,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     add("jobs", cmd_jobs, "list jobs")
     add("nodes", cmd_nodes, "list the agents: their health, last heartbeat, jobs and links")
+    add("weights", cmd_weights, "list weight-push channels: newest version, publisher, holders")
     s = add("status", cmd_status, "show a job, or without one the services and their resources")
     s.add_argument("job_id", nargs="?", default=None)
     w = add("wait", cmd_wait, "wait until a job ends")

@@ -801,3 +801,29 @@ class WeightsPlan(_message.Message):
     bytes: int
     tenant: str
     def __init__(self, channel: _Optional[str] = ..., lineage: _Optional[str] = ..., version: _Optional[int] = ..., token: _Optional[str] = ..., sources: _Optional[_Iterable[_Union[WeightsSource, _Mapping]]] = ..., bytes: _Optional[int] = ..., tenant: _Optional[str] = ...) -> None: ...
+
+class WeightsChannel(_message.Message):
+    __slots__ = ("tenant", "channel", "lineage", "version", "publisher", "bytes", "holders", "failed")
+    TENANT_FIELD_NUMBER: _ClassVar[int]
+    CHANNEL_FIELD_NUMBER: _ClassVar[int]
+    LINEAGE_FIELD_NUMBER: _ClassVar[int]
+    VERSION_FIELD_NUMBER: _ClassVar[int]
+    PUBLISHER_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    HOLDERS_FIELD_NUMBER: _ClassVar[int]
+    FAILED_FIELD_NUMBER: _ClassVar[int]
+    tenant: str
+    channel: str
+    lineage: str
+    version: int
+    publisher: str
+    bytes: int
+    holders: _containers.RepeatedScalarFieldContainer[str]
+    failed: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, tenant: _Optional[str] = ..., channel: _Optional[str] = ..., lineage: _Optional[str] = ..., version: _Optional[int] = ..., publisher: _Optional[str] = ..., bytes: _Optional[int] = ..., holders: _Optional[_Iterable[str]] = ..., failed: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class WeightsChannelList(_message.Message):
+    __slots__ = ("channels",)
+    CHANNELS_FIELD_NUMBER: _ClassVar[int]
+    channels: _containers.RepeatedCompositeFieldContainer[WeightsChannel]
+    def __init__(self, channels: _Optional[_Iterable[_Union[WeightsChannel, _Mapping]]] = ...) -> None: ...

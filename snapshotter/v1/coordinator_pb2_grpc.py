@@ -170,6 +170,11 @@ class CoordinatorStub:
                 request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.WatchWeightsRequest.SerializeToString,
                 response_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.WeightsPlan.FromString,
                 _registered_method=True)
+        self.Weights = channel.unary_unary(
+                '/snapshotter.v1.Coordinator/Weights',
+                request_serializer=snapshotter_dot_v1_dot_common__pb2.Empty.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.WeightsChannelList.FromString,
+                _registered_method=True)
         self.Shutdown = channel.unary_unary(
                 '/snapshotter.v1.Coordinator/Shutdown',
                 request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.ShutdownRequest.SerializeToString,
@@ -363,6 +368,14 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Weights(self, request, context):
+        """The weight-push channels the caller may see (a tenant's caller: its own), newest version
+        of each, who published it and which nodes hold it (`snapshotter weights`).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Shutdown(self, request, context):
         """Stop the embedded daemon (refused by a standalone coordinator).
         """
@@ -507,6 +520,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.WatchWeights,
                     request_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.WatchWeightsRequest.FromString,
                     response_serializer=snapshotter_dot_v1_dot_coordinator__pb2.WeightsPlan.SerializeToString,
+            ),
+            'Weights': grpc.unary_unary_rpc_method_handler(
+                    servicer.Weights,
+                    request_deserializer=snapshotter_dot_v1_dot_common__pb2.Empty.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_coordinator__pb2.WeightsChannelList.SerializeToString,
             ),
             'Shutdown': grpc.unary_unary_rpc_method_handler(
                     servicer.Shutdown,
@@ -1243,6 +1261,33 @@ class Coordinator:
             '/snapshotter.v1.Coordinator/WatchWeights',
             snapshotter_dot_v1_dot_coordinator__pb2.WatchWeightsRequest.SerializeToString,
             snapshotter_dot_v1_dot_coordinator__pb2.WeightsPlan.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Weights(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapshotter.v1.Coordinator/Weights',
+            snapshotter_dot_v1_dot_common__pb2.Empty.SerializeToString,
+            snapshotter_dot_v1_dot_coordinator__pb2.WeightsChannelList.FromString,
             options,
             channel_credentials,
             insecure,

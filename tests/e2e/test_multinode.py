@@ -725,3 +725,12 @@ def test_the_rl_example_pushes_weights_to_replicas_on_other_nodes(
     # What each replica's rollout lines say is what the trainer learned from.
     used = {v for s in t["steps"] for v in s["used"]}
     assert len(used) > 3, used
+    # Operators see the channel, and each replica node's agent counts what it pulled.
+    (ch,) = cli.json("weights")["channels"]
+    assert (ch["channel"], ch["version"], ch["publisher"]) == ("policy", 20, "a"), ch
+    assert {"b", "c"} <= set(ch["holders"]), ch
+    for n in ("b", "c"):
+        got = deployment.metrics(n)
+        assert got['snapshotter_weights_versions_total{how="pulled"}'] >= 1
+        assert got['snapshotter_weights_bytes_total{direction="fetched"}'] > 0
+    assert deployment.metrics("a")['snapshotter_weights_versions_total{how="published"}'] == 20

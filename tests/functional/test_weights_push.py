@@ -66,6 +66,12 @@ def test_two_replicas_follow_the_trainer_and_a_late_one_gets_the_newest(
     n1, n2 = cluster.agents["n1"].weights, cluster.agents["n2"].weights
     assert n1.pulled >= 3 and n2.pulled >= 2
     assert n1.fetched_bytes > 0 and n2.fetched_bytes > 0
+    # The board lists the channel (no ticket), to its tenant and the provider only.
+    (ch,) = cluster.coord.weights.listing(None).channels
+    assert (ch.tenant, ch.channel, ch.version, ch.publisher) == ("default", "policy", 25, "n0")
+    assert {"n1", "n2"} <= set(ch.holders) and not ch.failed
+    assert list(cluster.coord.weights.listing("default").channels) == [ch]
+    assert not cluster.coord.weights.listing("other").channels
     # A replica that joins after the trainer is done starts from the newest version.
     (tmp_path / "rollouts" / "done").unlink()
     late = cluster.run("replica-3", "n2", "--role", "replica", "--name", "r3",
