@@ -7,9 +7,10 @@ Every version this node holds is a file in shared memory with its index beside i
                               <lineage>-<version>.json  their index (weights/index.py)
                               current                   {"lineage","version","data","index"}
 
-A rank here publishes (spool op "publish"): the agent copies its staged tensors out of the
-rank's memfd, hashing each, writes the index, points `current` at it and tells the
-coordinator (AnnounceWeights) with a fresh read ticket. A rank subscribes (spool op
+A rank here publishes (spool op "publish"): the agent hashes its staged tensors in the
+rank's memfd, tells the coordinator (AnnounceWeights) with a fresh read ticket, copies them
+into the version's file (serving each to peers once copied), then writes the index and
+points `current` at it. A rank subscribes (spool op
 "subscribe"): the agent follows the channel, and a rank reads `current` itself between its
 generation steps (weights/__init__.py), so a rank never waits on the network.
 
@@ -191,29 +192,33 @@ class WeightsHub:
                 f"version {version} of {key[1]!r} is not newer than {newest.index.version}",
                 "publish versions that count up",
             )
-        v = self._begin(key, ix, secrets.token_hex(16))
         fds: dict[int, int] = {}
+        v: Version | None = None
         try:
             for x in request.extents:
                 if x.fd not in fds:
                     fds[x.fd] = open_fd(x.fd)
-            digests = _copy_in(v.data, [(fds[x.fd], x.offset) for x in request.extents],
-                               ix.entries)  # fmt: skip
+            sources = [(fds[x.fd], x.offset) for x in request.extents]
+            # The digests first (one read of the slot): the version is then announced and
+            # pulled while its bytes are still being copied here (a peer's read waits for
+            # each tensor, Version.wait_ready), which takes the copy off the push's latency.
+            ix = ix.with_digests(_digests(sources, ix.entries))
+            v = self._begin(key, ix, secrets.token_hex(16))
+            self._announce(cpb.AnnounceWeightsRequest(
+                node=self.node, job_id=job_id, channel=key[1], lineage=job_id, version=version,
+                token=v.token, published=True, bytes=ix.size,
+                tensors=len(ix.entries)))  # fmt: skip
+            _copy_in(v, sources)
         except BaseException:
-            self._drop(key, v)
+            if v is not None:
+                self._drop(key, v)
             raise
         finally:
             for fd in fds.values():
                 os.close(fd)
-        v.index = ix.with_digests(digests)
-        for e in ix.entries:
-            v.mark(e.name)
         self._hold(key, v)
         metrics.WEIGHTS_VERSIONS.labels("published").inc()
         metrics.WEIGHTS_BYTES.labels("published").inc(ix.size)
-        self._announce(cpb.AnnounceWeightsRequest(
-            node=self.node, job_id=job_id, channel=key[1], lineage=job_id, version=version,
-            token=v.token, published=True, bytes=ix.size, tensors=len(ix.entries)))  # fmt: skip
         return {**spool.ok(ix.size, ix.size, 0, time.monotonic() - started), "version": version}
 
     def _announce(self, req: cpb.AnnounceWeightsRequest) -> None:
@@ -545,29 +550,46 @@ def _copy(src: int, src_off: int, dst: int, dst_off: int, length: int) -> None:
         done += n
 
 
-def _copy_in(data: Path, sources: list[tuple[int, int]], entries: tuple[Entry, ...]) -> list[str]:
-    """Copy each entry's bytes from (fd, offset) into the version's file at its offset,
-    through one reused buffer; the xxh3-64 of each (hex)."""
-    buf = bytearray(min(PIECE, max((e.length for e in entries), default=0)) or 1)
-    view = memoryview(buf)
-    digests = []
-    with open(data, "r+b", buffering=0) as f:
-        out = f.fileno()
-        for (fd, off), e in zip(sources, entries, strict=True):
-            h = xxhash.xxh3_64()
-            done = 0
-            while done < e.length:
-                n = os.preadv(fd, [view[: min(len(buf), e.length - done)]], off + done)
-                if n == 0:
-                    raise errors.InvalidArgument(
-                        f"staged weights ended {e.length - done} bytes early",
-                        "the rank released its staging memory before the agent took them",
-                    )
-                h.update(view[:n])
-                os.pwrite(out, view[:n], e.offset + done)
-                done += n
-            digests.append(h.hexdigest())
-    return digests
+def _pieces(fd: int, offset: int, length: int, buf: memoryview) -> Iterator[memoryview]:
+    """`length` bytes of `fd` from `offset`, read into `buf` piece by piece."""
+    done = 0
+    while done < length:
+        n = os.preadv(fd, [buf[: min(len(buf), length - done)]], offset + done)
+        if n == 0:
+            raise errors.InvalidArgument(
+                f"staged weights ended {length - done} bytes early",
+                "the rank released its staging memory before the agent took them",
+            )
+        yield buf[:n]
+        done += n
+
+
+def _buffer(entries: tuple[Entry, ...]) -> memoryview:
+    return memoryview(bytearray(min(PIECE, max((e.length for e in entries), default=0)) or 1))
+
+
+def _digests(sources: list[tuple[int, int]], entries: tuple[Entry, ...]) -> list[str]:
+    """The xxh3-64 (hex) of each entry's bytes at (fd, offset)."""
+    buf = _buffer(entries)
+    out = []
+    for (fd, off), e in zip(sources, entries, strict=True):
+        h = xxhash.xxh3_64()
+        for piece in _pieces(fd, off, e.length, buf):
+            h.update(piece)
+        out.append(h.hexdigest())
+    return out
+
+
+def _copy_in(v: Version, sources: list[tuple[int, int]]) -> None:
+    """Copy each tensor from (fd, offset) into the version's file, marking each ready."""
+    buf = _buffer(v.index.entries)
+    with open(v.data, "r+b", buffering=0) as f:
+        for (fd, off), e in zip(sources, v.index.entries, strict=True):
+            at = e.offset
+            for piece in _pieces(fd, off, e.length, buf):
+                os.pwrite(f.fileno(), piece, at)
+                at += len(piece)
+            v.mark(e.name)
 
 
 def _write(path: Path, data: bytes) -> None:
