@@ -11,6 +11,7 @@ from typing import Any
 
 from snapshotter import errors
 from snapshotter.coordinator import (
+    audit,
     drain,
     migrate,
     reroute,
@@ -110,6 +111,10 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
 
     def Weights(self, req: common_pb2.Empty, ctx: Any) -> pb.WeightsChannelList:
         return self.c.weights.listing(tenancy.scope())
+
+    def Audit(self, req: pb.AuditRequest, ctx: Any) -> pb.AuditReport:
+        tenancy.require_cluster_scope("audit the cluster")
+        return audit.run(self.c, req)
 
     def Freeze(self, req: pb.FreezeRequest, ctx: Any) -> Iterator[pb.FreezeEvent]:
         self._check_job(req.job_id)

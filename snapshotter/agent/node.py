@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from snapshotter import __version__, errors
-from snapshotter.agent import keeping, settle
+from snapshotter.agent import audit, keeping, probe, settle
 from snapshotter.agent.allow import ExecPolicy
 from snapshotter.agent.checkpoints import CheckpointSpool
 from snapshotter.agent.freeze import Freezes
@@ -329,6 +329,44 @@ class NodeAgent:
         live = self.freezes.live_ids() | self.thaws.live_ops()
         for name in dirs_to_prune(dirs, r.criu_log_dirs, live):
             shutil.rmtree(root / name, ignore_errors=True)
+
+    # ---- cluster audit (agent/audit.py, agent/probe.py) ----------------------------------
+
+    def audit_node(self, req: agent_pb2.AuditNodeRequest) -> agent_pb2.AuditNodeReply:
+        nbytes = min(max(req.storage_bytes, 0) or (8 << 20), 256 << 20)
+        return agent_pb2.AuditNodeReply(checks=audit.node_checks(
+            self.store, self.settings.name, self.paths.home, nbytes, self.gpu_health))
+
+    def plane_ip(self, plane: int) -> str:
+        """This node's address on data-link `plane` (without links: its listen address).
+
+        Raises: InvalidArgument for a plane it lacks."""
+        states = self.links.states()
+        if not states:
+            if plane != 0:
+                raise errors.InvalidArgument(f"node {self.settings.name} has one plane only",
+                                             "probe plane 0")  # fmt: skip
+            return self.settings.host
+        if not 0 <= plane < len(states) or not states[plane].ip:
+            raise errors.InvalidArgument(
+                f"node {self.settings.name} has no address on data-link plane {plane}",
+                "configure it with `snapshotter agent --link` (an interface with an IPv4)",
+            )
+        return states[plane].ip
+
+    def open_probe(self, req: agent_pb2.OpenProbeRequest) -> agent_pb2.ProbeEndpoint:
+        ip = self.plane_ip(req.plane)
+        port = probe.open_listener(ip, req.token, req.peer, self.settings.peer_tls)
+        return agent_pb2.ProbeEndpoint(address=ip, port=port)
+
+    def probe_link(self, req: agent_pb2.ProbeLinkRequest) -> agent_pb2.LinkMeasurement:
+        """Measure the link to a peer's listener; a failed probe is a measurement too."""
+        try:
+            m = probe.probe(req.address, req.port, req.token, req.peer, req.bytes or (32 << 20),
+                            self.plane_ip(req.plane), self.settings.peer_tls)  # fmt: skip
+        except (OSError, ConnectionError) as e:
+            return agent_pb2.LinkMeasurement(error=f"{type(e).__name__}: {e}")
+        return agent_pb2.LinkMeasurement(rtt_ms=m.rtt_ms, mbps=m.mbps, retrans=m.retrans)
 
     def shutdown(self, keep_ranks: bool = False) -> None:
         """Stop serving. Running jobs are cancelled, unless `keep_ranks` (a reload under a

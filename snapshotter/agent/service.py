@@ -187,6 +187,15 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     ) -> Iterator[agent_pb2.WeightPiece]:
         return self.agent.weights.read(req)
 
+    def AuditNode(self, req: agent_pb2.AuditNodeRequest, ctx: Any) -> agent_pb2.AuditNodeReply:
+        return self.agent.audit_node(req)
+
+    def OpenProbe(self, req: agent_pb2.OpenProbeRequest, ctx: Any) -> agent_pb2.ProbeEndpoint:
+        return self.agent.open_probe(req)
+
+    def ProbeLink(self, req: agent_pb2.ProbeLinkRequest, ctx: Any) -> agent_pb2.LinkMeasurement:
+        return self.agent.probe_link(req)
+
 
 def register(agent: NodeAgent) -> Any:
     """What rpc.server.serve calls to add this service to a server."""

@@ -403,6 +403,36 @@ def cmd_weights(a: argparse.Namespace) -> int:
     return 0
 
 
+AUDIT_FAILED_EXIT = 18  # the audit ran and found a failed or degraded node or link
+
+
+def cmd_audit(a: argparse.Namespace) -> int:
+    nodes = [n for n in (a.nodes or "").split(",") if n]
+    req = coordinator_pb2.AuditRequest(nodes=nodes, link_bytes=int(a.link_mib * (1 << 20)),
+                                       storage_bytes=int(a.storage_mib * (1 << 20)))  # fmt: skip
+    res = _client().stub.Audit(req, timeout=3600)
+    emit_result(plain(res), a.json, None, _audit_text(res))
+    return 0 if res.passed else AUDIT_FAILED_EXIT
+
+
+def _audit_text(res: Any) -> str:
+    def why(x: Any) -> str:
+        return "; ".join(x.why) or "-"
+
+    nodes = table([[n.node, n.status.upper(), why(n)] for n in res.nodes],
+                  ["NODE", "STATUS", "WHY"])  # fmt: skip
+    ports = table([[i.node, str(i.plane), f"{i.rtt_ms:.2f}", f"{i.mbps:.1f}",
+                    f"{i.retrans:.2%}", i.status.upper(), why(i)] for i in res.interfaces],
+                  ["NODE", "PLANE", "RTT MS", "MB/S", "RETRANS", "STATUS", "WHY"])  # fmt: skip
+    pairs = table([[f"{x.a}->{x.b}", str(x.plane), f"{x.rtt_ms:.2f}", f"{x.mbps:.1f}",
+                    f"{x.retrans:.2%}", x.status.upper()] for x in res.links],
+                  ["PAIR", "PLANE", "RTT MS", "MB/S", "RETRANS", "STATUS"])  # fmt: skip
+    verdict = "passed" if res.passed else "FAILED"
+    return (f"{nodes}\n\nlinks (each node's interface, the median of its pairs):\n{ports}\n\n"
+            f"pairs:\n{pairs}\n\naudit {verdict}: {len(res.nodes)} node(s), "
+            f"{len(res.links)} probe(s) in {res.rounds} round(s), {res.seconds:.1f} s")
+
+
 def _status_text(st: Msg) -> str:
     lines = [
         f"job {st['job_id']}: {st['state']}  ({st['nnodes']} node(s) x "
@@ -737,6 +767,12 @@ def build_parser() -> argparse.ArgumentParser:
     add("jobs", cmd_jobs, "list jobs")
     add("nodes", cmd_nodes, "list the agents: their health, last heartbeat, jobs and links")
     add("weights", cmd_weights, "list weight-push channels: newest version, publisher, holders")
+    au = add("audit", cmd_audit, "check every node and every link between nodes (acceptance): "
+             f"exit 0 when all are healthy, {AUDIT_FAILED_EXIT} otherwise")
+    au.add_argument("--nodes", default=None, help="these nodes only (comma-separated)")
+    au.add_argument("--link-mib", type=float, default=32.0, help="sent per link probe")
+    au.add_argument("--storage-mib", type=float, default=8.0,
+                    help="written to and read from the store per node")
     s = add("status", cmd_status, "show a job, or without one the services and their resources")
     s.add_argument("job_id", nargs="?", default=None)
     w = add("wait", cmd_wait, "wait until a job ends")

@@ -476,3 +476,61 @@ class ReceiveRequest(_message.Message):
     streams: _containers.RepeatedScalarFieldContainer[str]
     bytes: int
     def __init__(self, job_id: _Optional[str] = ..., freeze_id: _Optional[str] = ..., ticket: _Optional[str] = ..., source: _Optional[str] = ..., source_name: _Optional[str] = ..., streams: _Optional[_Iterable[str]] = ..., bytes: _Optional[int] = ...) -> None: ...
+
+class AuditNodeRequest(_message.Message):
+    __slots__ = ("storage_bytes",)
+    STORAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    storage_bytes: int
+    def __init__(self, storage_bytes: _Optional[int] = ...) -> None: ...
+
+class AuditNodeReply(_message.Message):
+    __slots__ = ("checks",)
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
+    checks: _containers.RepeatedCompositeFieldContainer[_common_pb2.AuditCheck]
+    def __init__(self, checks: _Optional[_Iterable[_Union[_common_pb2.AuditCheck, _Mapping]]] = ...) -> None: ...
+
+class OpenProbeRequest(_message.Message):
+    __slots__ = ("plane", "token", "peer")
+    PLANE_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    plane: int
+    token: str
+    peer: str
+    def __init__(self, plane: _Optional[int] = ..., token: _Optional[str] = ..., peer: _Optional[str] = ...) -> None: ...
+
+class ProbeEndpoint(_message.Message):
+    __slots__ = ("address", "port")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    port: int
+    def __init__(self, address: _Optional[str] = ..., port: _Optional[int] = ...) -> None: ...
+
+class ProbeLinkRequest(_message.Message):
+    __slots__ = ("peer", "address", "port", "token", "bytes", "plane")
+    PEER_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    PORT_FIELD_NUMBER: _ClassVar[int]
+    TOKEN_FIELD_NUMBER: _ClassVar[int]
+    BYTES_FIELD_NUMBER: _ClassVar[int]
+    PLANE_FIELD_NUMBER: _ClassVar[int]
+    peer: str
+    address: str
+    port: int
+    token: str
+    bytes: int
+    plane: int
+    def __init__(self, peer: _Optional[str] = ..., address: _Optional[str] = ..., port: _Optional[int] = ..., token: _Optional[str] = ..., bytes: _Optional[int] = ..., plane: _Optional[int] = ...) -> None: ...
+
+class LinkMeasurement(_message.Message):
+    __slots__ = ("rtt_ms", "mbps", "retrans", "error")
+    RTT_MS_FIELD_NUMBER: _ClassVar[int]
+    MBPS_FIELD_NUMBER: _ClassVar[int]
+    RETRANS_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    rtt_ms: float
+    mbps: float
+    retrans: float
+    error: str
+    def __init__(self, rtt_ms: _Optional[float] = ..., mbps: _Optional[float] = ..., retrans: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...

@@ -185,6 +185,21 @@ class AgentStub:
                 request_serializer=snapshotter_dot_v1_dot_agent__pb2.WeightsRequest.SerializeToString,
                 response_deserializer=snapshotter_dot_v1_dot_agent__pb2.WeightPiece.FromString,
                 _registered_method=True)
+        self.AuditNode = channel.unary_unary(
+                '/snapshotter.v1.Agent/AuditNode',
+                request_serializer=snapshotter_dot_v1_dot_agent__pb2.AuditNodeRequest.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_agent__pb2.AuditNodeReply.FromString,
+                _registered_method=True)
+        self.OpenProbe = channel.unary_unary(
+                '/snapshotter.v1.Agent/OpenProbe',
+                request_serializer=snapshotter_dot_v1_dot_agent__pb2.OpenProbeRequest.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_agent__pb2.ProbeEndpoint.FromString,
+                _registered_method=True)
+        self.ProbeLink = channel.unary_unary(
+                '/snapshotter.v1.Agent/ProbeLink',
+                request_serializer=snapshotter_dot_v1_dot_agent__pb2.ProbeLinkRequest.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_agent__pb2.LinkMeasurement.FromString,
+                _registered_method=True)
 
 
 class AgentServicer:
@@ -383,6 +398,27 @@ class AgentServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def AuditNode(self, request, context):
+        """Cluster audit (snapshotter audit): this node's own checks (CRIU, kernel, staging disk,
+        storage, GPUs); a one-connection probe listener on one of its data links; and a probe
+        of a peer's listener over that link (latency, throughput, retransmissions).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def OpenProbe(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def ProbeLink(self, request, context):
+        """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
 
 def add_AgentServicer_to_server(servicer, server):
     rpc_method_handlers = {
@@ -535,6 +571,21 @@ def add_AgentServicer_to_server(servicer, server):
                     servicer.ReadWeights,
                     request_deserializer=snapshotter_dot_v1_dot_agent__pb2.WeightsRequest.FromString,
                     response_serializer=snapshotter_dot_v1_dot_agent__pb2.WeightPiece.SerializeToString,
+            ),
+            'AuditNode': grpc.unary_unary_rpc_method_handler(
+                    servicer.AuditNode,
+                    request_deserializer=snapshotter_dot_v1_dot_agent__pb2.AuditNodeRequest.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_agent__pb2.AuditNodeReply.SerializeToString,
+            ),
+            'OpenProbe': grpc.unary_unary_rpc_method_handler(
+                    servicer.OpenProbe,
+                    request_deserializer=snapshotter_dot_v1_dot_agent__pb2.OpenProbeRequest.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_agent__pb2.ProbeEndpoint.SerializeToString,
+            ),
+            'ProbeLink': grpc.unary_unary_rpc_method_handler(
+                    servicer.ProbeLink,
+                    request_deserializer=snapshotter_dot_v1_dot_agent__pb2.ProbeLinkRequest.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_agent__pb2.LinkMeasurement.SerializeToString,
             ),
     }
     generic_handler = grpc.method_handlers_generic_handler(
@@ -1347,6 +1398,87 @@ class Agent:
             '/snapshotter.v1.Agent/ReadWeights',
             snapshotter_dot_v1_dot_agent__pb2.WeightsRequest.SerializeToString,
             snapshotter_dot_v1_dot_agent__pb2.WeightPiece.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def AuditNode(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapshotter.v1.Agent/AuditNode',
+            snapshotter_dot_v1_dot_agent__pb2.AuditNodeRequest.SerializeToString,
+            snapshotter_dot_v1_dot_agent__pb2.AuditNodeReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def OpenProbe(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapshotter.v1.Agent/OpenProbe',
+            snapshotter_dot_v1_dot_agent__pb2.OpenProbeRequest.SerializeToString,
+            snapshotter_dot_v1_dot_agent__pb2.ProbeEndpoint.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def ProbeLink(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapshotter.v1.Agent/ProbeLink',
+            snapshotter_dot_v1_dot_agent__pb2.ProbeLinkRequest.SerializeToString,
+            snapshotter_dot_v1_dot_agent__pb2.LinkMeasurement.FromString,
             options,
             channel_credentials,
             insecure,

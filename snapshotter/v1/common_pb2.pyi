@@ -433,3 +433,19 @@ class JobProgress(_message.Message):
 class Empty(_message.Message):
     __slots__ = ()
     def __init__(self) -> None: ...
+
+class AuditCheck(_message.Message):
+    __slots__ = ("name", "status", "value", "unit", "detail", "higher_is_better")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    VALUE_FIELD_NUMBER: _ClassVar[int]
+    UNIT_FIELD_NUMBER: _ClassVar[int]
+    DETAIL_FIELD_NUMBER: _ClassVar[int]
+    HIGHER_IS_BETTER_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    status: str
+    value: float
+    unit: str
+    detail: str
+    higher_is_better: bool
+    def __init__(self, name: _Optional[str] = ..., status: _Optional[str] = ..., value: _Optional[float] = ..., unit: _Optional[str] = ..., detail: _Optional[str] = ..., higher_is_better: _Optional[bool] = ...) -> None: ...

@@ -827,3 +827,79 @@ class WeightsChannelList(_message.Message):
     CHANNELS_FIELD_NUMBER: _ClassVar[int]
     channels: _containers.RepeatedCompositeFieldContainer[WeightsChannel]
     def __init__(self, channels: _Optional[_Iterable[_Union[WeightsChannel, _Mapping]]] = ...) -> None: ...
+
+class AuditRequest(_message.Message):
+    __slots__ = ("nodes", "link_bytes", "storage_bytes")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    LINK_BYTES_FIELD_NUMBER: _ClassVar[int]
+    STORAGE_BYTES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedScalarFieldContainer[str]
+    link_bytes: int
+    storage_bytes: int
+    def __init__(self, nodes: _Optional[_Iterable[str]] = ..., link_bytes: _Optional[int] = ..., storage_bytes: _Optional[int] = ...) -> None: ...
+
+class NodeAudit(_message.Message):
+    __slots__ = ("node", "status", "checks", "why")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    CHECKS_FIELD_NUMBER: _ClassVar[int]
+    WHY_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    status: str
+    checks: _containers.RepeatedCompositeFieldContainer[_common_pb2.AuditCheck]
+    why: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node: _Optional[str] = ..., status: _Optional[str] = ..., checks: _Optional[_Iterable[_Union[_common_pb2.AuditCheck, _Mapping]]] = ..., why: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class LinkAudit(_message.Message):
+    __slots__ = ("a", "b", "plane", "rtt_ms", "mbps", "retrans", "status", "why")
+    A_FIELD_NUMBER: _ClassVar[int]
+    B_FIELD_NUMBER: _ClassVar[int]
+    PLANE_FIELD_NUMBER: _ClassVar[int]
+    RTT_MS_FIELD_NUMBER: _ClassVar[int]
+    MBPS_FIELD_NUMBER: _ClassVar[int]
+    RETRANS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    WHY_FIELD_NUMBER: _ClassVar[int]
+    a: str
+    b: str
+    plane: int
+    rtt_ms: float
+    mbps: float
+    retrans: float
+    status: str
+    why: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, a: _Optional[str] = ..., b: _Optional[str] = ..., plane: _Optional[int] = ..., rtt_ms: _Optional[float] = ..., mbps: _Optional[float] = ..., retrans: _Optional[float] = ..., status: _Optional[str] = ..., why: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class InterfaceAudit(_message.Message):
+    __slots__ = ("node", "plane", "rtt_ms", "mbps", "retrans", "status", "why")
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    PLANE_FIELD_NUMBER: _ClassVar[int]
+    RTT_MS_FIELD_NUMBER: _ClassVar[int]
+    MBPS_FIELD_NUMBER: _ClassVar[int]
+    RETRANS_FIELD_NUMBER: _ClassVar[int]
+    STATUS_FIELD_NUMBER: _ClassVar[int]
+    WHY_FIELD_NUMBER: _ClassVar[int]
+    node: str
+    plane: int
+    rtt_ms: float
+    mbps: float
+    retrans: float
+    status: str
+    why: _containers.RepeatedScalarFieldContainer[str]
+    def __init__(self, node: _Optional[str] = ..., plane: _Optional[int] = ..., rtt_ms: _Optional[float] = ..., mbps: _Optional[float] = ..., retrans: _Optional[float] = ..., status: _Optional[str] = ..., why: _Optional[_Iterable[str]] = ...) -> None: ...
+
+class AuditReport(_message.Message):
+    __slots__ = ("nodes", "links", "rounds", "seconds", "passed", "interfaces")
+    NODES_FIELD_NUMBER: _ClassVar[int]
+    LINKS_FIELD_NUMBER: _ClassVar[int]
+    ROUNDS_FIELD_NUMBER: _ClassVar[int]
+    SECONDS_FIELD_NUMBER: _ClassVar[int]
+    PASSED_FIELD_NUMBER: _ClassVar[int]
+    INTERFACES_FIELD_NUMBER: _ClassVar[int]
+    nodes: _containers.RepeatedCompositeFieldContainer[NodeAudit]
+    links: _containers.RepeatedCompositeFieldContainer[LinkAudit]
+    rounds: int
+    seconds: float
+    passed: bool
+    interfaces: _containers.RepeatedCompositeFieldContainer[InterfaceAudit]
+    def __init__(self, nodes: _Optional[_Iterable[_Union[NodeAudit, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkAudit, _Mapping]]] = ..., rounds: _Optional[int] = ..., seconds: _Optional[float] = ..., passed: _Optional[bool] = ..., interfaces: _Optional[_Iterable[_Union[InterfaceAudit, _Mapping]]] = ...) -> None: ...

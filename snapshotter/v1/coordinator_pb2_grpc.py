@@ -175,6 +175,11 @@ class CoordinatorStub:
                 request_serializer=snapshotter_dot_v1_dot_common__pb2.Empty.SerializeToString,
                 response_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.WeightsChannelList.FromString,
                 _registered_method=True)
+        self.Audit = channel.unary_unary(
+                '/snapshotter.v1.Coordinator/Audit',
+                request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.AuditRequest.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.AuditReport.FromString,
+                _registered_method=True)
         self.Shutdown = channel.unary_unary(
                 '/snapshotter.v1.Coordinator/Shutdown',
                 request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.ShutdownRequest.SerializeToString,
@@ -376,6 +381,14 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Audit(self, request, context):
+        """Cluster audit: every node's checks and every node pair over every data link, in
+        parallel rounds; each result compared with the cluster's median (snapshotter audit).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Shutdown(self, request, context):
         """Stop the embedded daemon (refused by a standalone coordinator).
         """
@@ -525,6 +538,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Weights,
                     request_deserializer=snapshotter_dot_v1_dot_common__pb2.Empty.FromString,
                     response_serializer=snapshotter_dot_v1_dot_coordinator__pb2.WeightsChannelList.SerializeToString,
+            ),
+            'Audit': grpc.unary_unary_rpc_method_handler(
+                    servicer.Audit,
+                    request_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.AuditRequest.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_coordinator__pb2.AuditReport.SerializeToString,
             ),
             'Shutdown': grpc.unary_unary_rpc_method_handler(
                     servicer.Shutdown,
@@ -1288,6 +1306,33 @@ class Coordinator:
             '/snapshotter.v1.Coordinator/Weights',
             snapshotter_dot_v1_dot_common__pb2.Empty.SerializeToString,
             snapshotter_dot_v1_dot_coordinator__pb2.WeightsChannelList.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Audit(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapshotter.v1.Coordinator/Audit',
+            snapshotter_dot_v1_dot_coordinator__pb2.AuditRequest.SerializeToString,
+            snapshotter_dot_v1_dot_coordinator__pb2.AuditReport.FromString,
             options,
             channel_credentials,
             insecure,

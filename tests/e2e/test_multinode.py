@@ -734,3 +734,61 @@ def test_the_rl_example_pushes_weights_to_replicas_on_other_nodes(
         assert got['snapshotter_weights_versions_total{how="pulled"}'] >= 1
         assert got['snapshotter_weights_bytes_total{direction="fetched"}'] > 0
     assert deployment.metrics("a")['snapshotter_weights_versions_total{how="published"}'] == 20
+
+
+def _audit(dep: Deployment, *args: str) -> tuple[int, dict]:
+    p = dep.cli.run("audit", "--json", *args, check=False, timeout=600)
+    assert p.returncode in (0, 18), p.stderr[-3000:]
+    return p.returncode, json.loads(p.stdout.strip().splitlines()[-1])
+
+
+def _bad_ports(report: dict) -> dict[tuple[str, int], str]:
+    return {(i["node"], i["plane"]): i["status"] for i in report["interfaces"]
+            if i["status"] != "healthy"}  # fmt: skip
+
+
+def _qdisc(node: Any, plane: int, spec: str | None) -> None:
+    """Shape node's data link `plane` at both ends of its veth (egress each way)."""
+    for argv in (["tc", "qdisc", "del" if spec is None else "replace", "dev",
+                  node.link_host_ends[plane], "root"],
+                 ["ip", "netns", "exec", node.netns, "tc", "qdisc",
+                  "del" if spec is None else "replace", "dev", node.links[plane], "root"]):
+        subprocess.run([*argv, *(spec.split() if spec else [])], check=spec is not None,
+                       capture_output=True, timeout=30)  # fmt: skip
+
+
+def test_audit_names_a_slow_link_a_lossy_link_and_a_node_without_storage(
+    deployment: Deployment,
+) -> None:
+    """`snapshotter audit` on the three nodes and both data planes: node b's plane-1 link
+    rate-limited (tbf; this kernel has no netem), then dropping packets (a tbf queue too
+    short for its bursts), then healthy again with node c cut off from the store. Each time
+    exactly the bad link or node is named and the exit code fails the acceptance."""
+    b, c = deployment.cluster["b"], deployment.cluster["c"]
+    try:
+        _qdisc(b, 1, "tbf rate 20mbit burst 32kbit latency 50ms")
+        code, report = _audit(deployment, "--link-mib", "8", "--storage-mib", "1")
+        assert report["rounds"] == 6 and len(report["links"]) == 6, report
+        assert code == 18 and _bad_ports(report) == {("b", 1): "failed"}, report["interfaces"]
+        slow = [i for i in report["interfaces"] if (i["node"], i["plane"]) == ("b", 1)][0]
+        assert "throughput" in slow["why"][0], slow
+        assert not [n for n in report["nodes"] if n["status"] == "failed"], report["nodes"]
+
+        _qdisc(b, 1, "tbf rate 500mbit burst 16kb limit 16kb")
+        code, report = _audit(deployment, "--link-mib", "8", "--storage-mib", "1")
+        assert code == 18 and set(_bad_ports(report)) == {("b", 1)}, report["interfaces"]
+        lossy = [i for i in report["interfaces"] if (i["node"], i["plane"]) == ("b", 1)][0]
+        assert lossy["retrans"] > 0.01, lossy
+    finally:
+        _qdisc(b, 1, None)
+    host = deployment.cluster.host_ip
+    subprocess.run(["ip", "-n", c.netns, "route", "add", "prohibit", f"{host}/32"], check=True,
+                   capture_output=True, timeout=30)  # fmt: skip
+    try:
+        code, report = _audit(deployment, "--link-mib", "2", "--storage-mib", "1")
+    finally:
+        subprocess.run(["ip", "-n", c.netns, "route", "del", "prohibit", f"{host}/32"],
+                       check=True, capture_output=True, timeout=30)  # fmt: skip
+    failed = {n["node"]: n["why"] for n in report["nodes"] if n["status"] == "failed"}
+    assert code == 18 and list(failed) == ["c"], report["nodes"]
+    assert failed["c"][0].startswith("storage:"), failed
