@@ -48,3 +48,18 @@ def test_node_health() -> None:
     fault = {"kind": "xid", "code": 79, "fatal": True}
     assert _node_row({**base, "agent": {"gpu_faults": [fault]}})[2] == "GPU FAULT (xid 79)"
     assert _node_row({**base, "heartbeat_age_s": None, "links": []})[3::4] == ["-", "-"]
+
+
+def test_the_audit_report_names_the_bad_interface_and_the_verdict() -> None:
+    from snapshotter.cli.main import _audit_text
+    from snapshotter.v1 import coordinator_pb2 as pb
+
+    rep = pb.AuditReport(rounds=3, seconds=4.25, passed=False)
+    rep.nodes.add(node="a", status="healthy")
+    rep.nodes.add(node="b", status="failed", why=["storage: connection refused"])
+    rep.interfaces.add(node="b", plane=1, rtt_ms=0.3, mbps=2.4, retrans=0.02,
+                       status="failed", why=["throughput 2.4 MB/s is under 10% of the median"])
+    rep.links.add(a="a", b="b", plane=1, rtt_ms=0.3, mbps=2.4, retrans=0.02, status="failed")
+    text = _audit_text(rep)
+    assert "storage: connection refused" in text and "2.00%" in text and "a->b" in text
+    assert text.splitlines()[-1] == "audit FAILED: 2 node(s), 1 probe(s) in 3 round(s), 4.2 s"
