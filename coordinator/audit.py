@@ -105,15 +105,16 @@ def _report(
         report.nodes.add(node=n, status=v.status, checks=got.get(n, []), why=v.why)
     ports = rules.ports(probes)
     refs = rules.references(ports)
+    judged = []
     for p in probes:
         v = rules.judge_link(p.rtt_ms, p.mbps, p.retrans, [p.error] if p.error else [],
                              *refs[p.plane], all_failed=bool(p.error))  # fmt: skip
+        judged.append((p, v))
         report.links.add(a=p.a, b=p.b, plane=p.plane, rtt_ms=p.rtt_ms, mbps=p.mbps,
                          retrans=p.retrans, status=v.status, why=v.why)  # fmt: skip
-    pairs_of = {(x.node, x.plane): sum(1 for p in probes if x.node in (p.a, p.b)
-                                       and p.plane == x.plane) for x in ports}  # fmt: skip
+    blamed = rules.blame(judged)
     for x in ports:
-        v = rules.judge_port(x, refs[x.plane], pairs_of[(x.node, x.plane)])
+        v = blamed[(x.node, x.plane)]
         report.interfaces.add(node=x.node, plane=x.plane, rtt_ms=x.rtt_ms, mbps=x.mbps,
                               retrans=x.retrans, status=v.status, why=v.why)  # fmt: skip
     report.passed = all(n.status == rules.HEALTHY for n in report.nodes) and all(

@@ -5,10 +5,10 @@ Rounds: every pair once, no node in two pairs of a round (the circle method), so
 N-1 rounds (N if odd) however many pairs there are, and each round's probes share no node.
 
 A link is judged per interface (a node's port on one plane), not per pair: a slow cable shows
-in every pair that crosses it. Each interface's figure is the median over its pairs; the
-reference is the median over the plane's interfaces, so fewer than half of them bad cannot
-move it. With two nodes the two interfaces share their one pair and only absolute rules
-(errors, retransmissions) can tell anything.
+in every pair that crosses it. Each pair is judged against its plane's reference: the median
+over the plane's interfaces of each one's median over its pairs, so fewer than half of them
+bad cannot move it. The bad pairs are then blamed on the interfaces they share most
+(`blame`). With two nodes the two interfaces share their one pair: both are named.
 
     status:  healthy ──value past DEGRADED_*──▶ degraded ──past FAILED_* or an error──▶ failed
 """
@@ -146,10 +146,33 @@ def references(ps: Sequence[Port]) -> dict[int, tuple[float, float]]:
     return out
 
 
-def judge_port(p: Port, ref: tuple[float, float], pairs: int) -> Verdict:
-    """An interface: failed when every probe through it failed; else by its medians."""
-    return judge_link(p.rtt_ms, p.mbps, p.retrans, p.errors, *ref,
-                      all_failed=bool(p.errors) and len(p.errors) == pairs)  # fmt: skip
+def blame(judged: Sequence[tuple[Probe, Verdict]]) -> dict[tuple[str, int], Verdict]:
+    """Which interfaces the bad pairs point at, per plane: the interface(s) with the largest
+    share of bad pairs are blamed, their pairs set aside (they explain them), and so on
+    until no bad pair is left. One slow port among N makes its N-1 pairs bad and each
+    peer's one pair with it: the port is blamed, the peers are not. Two nodes: both are."""
+    total: dict[tuple[str, int], int] = {}
+    for p, _ in judged:
+        for n in (p.a, p.b):
+            total[(n, p.plane)] = total.get((n, p.plane), 0) + 1
+    out = {k: Verdict() for k in total}
+    left = [(p, v) for p, v in judged if v.status != HEALTHY]
+    while left:
+        bad: dict[tuple[str, int], int] = {}
+        for p, _ in left:
+            for n in (p.a, p.b):
+                bad[(n, p.plane)] = bad.get((n, p.plane), 0) + 1
+        top = max(bad[k] / total[k] for k in bad)
+        blamed = {k for k in bad if bad[k] / total[k] == top}
+        for p, v in left:
+            for n in (p.a, p.b):
+                if (n, p.plane) in blamed:
+                    peer = p.b if n == p.a else p.a
+                    for why in v.why:
+                        out[(n, p.plane)].worse(v.status, f"with {peer}: {why}")
+        left = [(p, v) for p, v in left
+                if (p.a, p.plane) not in blamed and (p.b, p.plane) not in blamed]  # fmt: skip
+    return out
 
 
 @dataclass(frozen=True)

@@ -733,7 +733,9 @@ def test_the_rl_example_pushes_weights_to_replicas_on_other_nodes(
         got = deployment.metrics(n)
         assert got['snapshotter_weights_versions_total{how="pulled"}'] >= 1
         assert got['snapshotter_weights_bytes_total{direction="fetched"}'] > 0
-    assert deployment.metrics("a")['snapshotter_weights_versions_total{how="published"}'] == 20
+    # A version the trainer staged while the previous one was still being taken is replaced
+    # by the next (the trainer never waits), so node a took at most 20, and the last.
+    assert 2 <= deployment.metrics("a")['snapshotter_weights_versions_total{how="published"}'] <= 20
 
 
 def _audit(dep: Deployment, *args: str) -> tuple[int, dict]:

@@ -116,9 +116,10 @@ class FakeAgent:
         env.update(self.extra_env)
         if hook:
             env.update(SNAPSHOTTER_CTL_IN="3", SNAPSHOTTER_CTL_OUT="4")
-            argv = [PY, "-m", "snapshotter.hook.bootstrap", self.script, *self.args]
+            argv = [PY, "-X", "faulthandler", "-m", "snapshotter.hook.bootstrap", self.script,
+                    *self.args]  # fmt: skip
         else:
-            argv = [PY, self.script, *self.args]
+            argv = [PY, "-X", "faulthandler", self.script, *self.args]
 
         def place_fds() -> None:
             # Move to high numbers first so dup2 onto 3/4 cannot clobber the other end.
@@ -170,9 +171,14 @@ class FakeAgent:
                 seen = len(rk.lines)
                 left = deadline - time.monotonic()
                 if left <= 0 or rk.proc.poll() is not None and seen == len(rk.lines):
+                    rk.line_event.release()  # the stacks come in through the reader thread
+                    try:
+                        self.dump_stacks()
+                    finally:
+                        rk.line_event.acquire()
                     raise AgentError(
                         f"rank {rank}: no line matching {pattern!r}; last output:\n"
-                        + "\n".join(rk.lines[-30:])
+                        + "\n".join(rk.lines[-60:])
                     )
                 rk.line_event.wait(min(left, 0.5))
 
@@ -188,14 +194,35 @@ class FakeAgent:
                 time.sleep(0.2)  # the rest of its output
                 break
             time.sleep(0.1)
+        self.dump_stacks()
         report = []
         for rk in self.ranks:
             rc = rk.proc.poll()
             state = "still running" if rc is None else f"exited {rc}"
-            report.append(f"rank {rk.rank} {state}; last output:\n" + "\n".join(rk.lines[-30:]))
+            report.append(f"rank {rk.rank} {state}; last output:\n" + "\n".join(rk.lines[-60:]))
         if self.rdzv_proc.poll() is not None:
             report.append(f"the rendezvous server exited {self.rdzv_proc.returncode}")
         raise AgentError("\n".join(report))
+
+    def dump_stacks(self) -> None:
+        """Every thread's stack of every rank still running and of its children (DataLoader
+        workers), into the output the errors show: SIGABRT makes faulthandler print them
+        (the ranks run with -X faulthandler). For hangs no test could explain otherwise."""
+        pids = []
+        for rk in self.ranks:
+            if rk.proc.poll() is None:
+                try:
+                    pids.extend(reversed(descendants(rk.proc.pid)))  # children first
+                except OSError:
+                    pass
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGCONT)
+                os.kill(pid, signal.SIGABRT)
+            except ProcessLookupError:
+                pass
+        if pids:
+            time.sleep(2.0)
 
     def restart_rdzv(self) -> None:
         """Stop the rendezvous server and start a fresh one on a new port (as on a new node)."""

@@ -41,18 +41,18 @@ def _mesh(slow: dict[str, float], retrans: dict[str, float] | None = None,
 
 
 def _judged(probes: list[Probe]) -> dict[str, rules.Verdict]:
-    ports = rules.ports(probes)
-    refs = rules.references(ports)
-    return {p.node: rules.judge_port(p, refs[p.plane],
-                                     sum(p.node in (x.a, x.b) for x in probes))
-            for p in ports}  # fmt: skip
+    refs = rules.references(rules.ports(probes))
+    judged = [(p, rules.judge_link(p.rtt_ms, p.mbps, p.retrans, [p.error] if p.error else [],
+                                   *refs[p.plane], all_failed=bool(p.error)))
+              for p in probes]  # fmt: skip
+    return {node: v for (node, _), v in rules.blame(judged).items()}
 
 
 def test_a_slow_interface_is_named_and_its_peers_are_not() -> None:
     v = _judged(_mesh({"b": 2.5}))
     assert {n: x.status for n, x in v.items()} == {
         "a": "healthy", "b": "failed", "c": "healthy", "d": "healthy"}
-    assert "throughput 2.5 MB/s" in v["b"].why[0]
+    assert "throughput 2.5 MB/s" in v["b"].why[0] and v["b"].why[0].startswith("with a: ")
     v = _judged(_mesh({"b": 40.0}))
     assert v["b"].status == "degraded" and v["a"].status == "healthy"
     # Three nodes: the slow one still stands out against the median of the interfaces.
@@ -63,12 +63,23 @@ def test_a_slow_interface_is_named_and_its_peers_are_not() -> None:
 def test_retransmissions_and_errors() -> None:
     v = _judged(_mesh({}, {"c": 0.03}))
     assert v["c"].status == "degraded" and "3.0% of segments" in v["c"].why[0]
+    assert [n for n, x in v.items() if x.status != "healthy"] == ["c"]
     v = _judged(_mesh({}, {"c": 0.2}))
     assert v["c"].status == "failed"
     probes = [p if "d" not in (p.a, p.b) else Probe(p.a, p.b, 0, 0, 0, 0, "refused")
               for p in _mesh({})]  # fmt: skip
     v = _judged(probes)
-    assert v["d"].status == "failed" and v["a"].status == "degraded"
+    assert {n: x.status for n, x in v.items()} == {
+        "a": "healthy", "b": "healthy", "c": "healthy", "d": "failed"}
+
+
+def test_two_nodes_name_both_ends_and_one_noisy_pair_names_its_two() -> None:
+    v = _judged([Probe("a", "b", 0, 0.2, 100, 0.05)])
+    assert {n: x.status for n, x in v.items()} == {"a": "degraded", "b": "degraded"}
+    probes = [p if {p.a, p.b} != {"a", "c"} else Probe("a", "c", 0, 0.2, 10, 0)
+              for p in _mesh({})]  # fmt: skip
+    v = _judged(probes)
+    assert sorted(n for n, x in v.items() if x.status != "healthy") == ["a", "c"]
 
 
 def test_latency_far_over_the_median() -> None:
