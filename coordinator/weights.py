@@ -113,19 +113,19 @@ class WeightsBoard:
                     self._cond.wait(left)
             finally:
                 self._waiting -= 1
+            live = self.c.live_agents()  # once a plan is due, not per candidate
             ch.order = tree_order(ch.order, req.node)
             ch.failed.discard(req.node)
             parent = tree_parent(ch.order, req.node,
-                                 lambda n: n not in ch.failed and self._address(n) is not None)
+                                 lambda n: n not in ch.failed and n in live)
             plan = pb.WeightsPlan(channel=ch.name, lineage=ch.lineage, version=ch.version,
                                   token=ch.token, bytes=ch.bytes, tenant=tenant)  # fmt: skip
             # Then a few nodes that hold it whole: for when the publisher is gone or ended.
             others = [n for n in sorted(ch.holders - ch.failed)
                       if n not in (req.node, parent, ch.publisher)][:MAX_FALLBACKS]  # fmt: skip
         for n in ([parent] if parent else []) + [ch.publisher] + others:
-            address = self._address(n)
-            if address is not None:
-                plan.sources.add(node=n, address=address)
+            if n in live:
+                plan.sources.add(node=n, address=live[n].address)
         return plan
 
     def _newer(self, key: tuple[str, str], req: pb.WatchWeightsRequest) -> Channel | None:
@@ -135,10 +135,6 @@ class WeightsBoard:
         if ch.lineage != req.lineage or ch.version > req.version:
             return ch
         return None
-
-    def _address(self, node: str) -> str | None:
-        a = self.c.live_agents().get(node)
-        return a.address if a is not None else None
 
     def listing(self, tenant: str | None) -> pb.WeightsChannelList:
         """Every channel (tenant None: the provider's view) or one tenant's; no tickets."""

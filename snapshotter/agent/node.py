@@ -364,7 +364,7 @@ class NodeAgent:
         try:
             m = probe.probe(req.address, req.port, req.token, req.peer, req.bytes or (32 << 20),
                             self.plane_ip(req.plane), self.settings.peer_tls)  # fmt: skip
-        except (OSError, ConnectionError) as e:
+        except OSError as e:  # ConnectionError and ssl.SSLError among them
             return agent_pb2.LinkMeasurement(error=f"{type(e).__name__}: {e}")
         return agent_pb2.LinkMeasurement(rtt_ms=m.rtt_ms, mbps=m.mbps, retrans=m.retrans)
 

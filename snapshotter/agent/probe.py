@@ -137,7 +137,7 @@ def _serve_one(sock: socket.socket, ctx: ssl.SSLContext | None, token: str, peer
                 return
             else:
                 raise ValueError(f"unknown probe message {kind!r}")
-    except (OSError, ValueError, PermissionError, ConnectionError) as e:
+    except (OSError, ValueError) as e:  # PermissionError, ConnectionError, SSLError too
         log.warning("link probe from %s (%s): %s", peer, addr[0], e)
     finally:
         conn.close()

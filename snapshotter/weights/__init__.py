@@ -28,6 +28,7 @@ the bytes.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import logging
 import mmap
@@ -145,8 +146,7 @@ class Publisher:
         assert slot is not None
         extents = tuple(spool.Extent(slot.fd, t.data_ptr() - slot.base,
                                      t.numel() * t.element_size()) for t in tensors)  # fmt: skip
-        request = spool.Request("publish", request.id, request.url, self.channel, extents,
-                                meta=meta)  # fmt: skip
+        request = dataclasses.replace(request, extents=extents)
         with self._cond:
             self._pending = (request, slot)
             if self._worker is None:
