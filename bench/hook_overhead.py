@@ -2,8 +2,10 @@
 machine's noise between runs cancels out.
 
 One rank (world size 1, gloo over a HashStore: each allreduce is pure overhead, no network) holds
-three process groups made the ways a rank can: plain torch (`dist.new_group` before the hook is
-installed), the hook's native path (csrc/gate.cpp) and its Python fallback. Each drives the same
+five process groups made the ways a rank can: plain torch (`dist.new_group` before the hook is
+installed), the hook's native path (csrc/gate.cpp) and its Python fallback, each of those two
+with and without its telemetry (the latency record `snapshotter top` reads;
+SNAPSHOTTER_TELEMETRY=0 turns it off). Each drives the same
 DDP model with tiny gradient buckets (24 allreduces a step, every one issued from C++ by DDP's
 Reducer, the path that paid the most), and a loop of Python-issued `dist.all_reduce`. Rounds
 alternate the order; the table gives medians over the rounds: step time, the ratio to plain, and
@@ -58,12 +60,16 @@ def _groups() -> dict[str, Any]:
         pass
 
     out: dict[str, Any] = {"plain": plain}
-    for name, barrier in (("native", native.NativeBarrier(ext, parked)),
-                          ("python", QuiesceBarrier(parked))):  # fmt: skip
+    for name in ("native", "native-notel", "python", "python-notel"):
+        # Both the gate and the registry read the switch when they are made.
+        os.environ["SNAPSHOTTER_TELEMETRY"] = "0" if name.endswith("notel") else "1"
+        barrier = (native.NativeBarrier(ext, parked) if name.startswith("native")
+                   else QuiesceBarrier(parked))  # fmt: skip
         registry = resumable.GroupRegistry(barrier, Owned())
         resumable.c10d._snapshotter_installed = False  # type: ignore[attr-defined]
         resumable.install(registry)
         out[name] = dist.new_group([0])
+    os.environ.pop("SNAPSHOTTER_TELEMETRY")
     return out
 
 
@@ -110,7 +116,7 @@ def main() -> int:
             runs["py"][k].append(py_us(k))
     report: dict[str, Any] = {}
     per_op = {"ddp": 2 * LAYERS, "py": 1}
-    print(f"{'workload':<28} {'path':<7} {'us/step':>9} {'ratio':>7} {'+us/collective':>15}")
+    print(f"{'workload':<28} {'path':<13} {'us/step':>9} {'ratio':>7} {'+us/collective':>15}")
     for w, label in (("ddp", "DDP step, 24 C++ allreduces"), ("py", "dist.all_reduce (Python)")):
         base = runs[w]["plain"]
         for k in arms:
@@ -120,8 +126,15 @@ def main() -> int:
                  "ratio": round(statistics.median(ratios), 3),
                  "added_us_per_collective": round(statistics.median(added), 2)}  # fmt: skip
             report[f"{w}/{k}"] = r
-            print(f"{label:<28} {k:<7} {r['us']:>9.1f} {r['ratio']:>7.3f} "
+            print(f"{label:<28} {k:<13} {r['us']:>9.1f} {r['ratio']:>7.3f} "
                   f"{r['added_us_per_collective']:>15.2f}")  # fmt: skip
+    # What the telemetry alone costs: the same path with and without it, side by side.
+    for w in ("ddp", "py"):
+        for k in ("native", "python"):
+            on, off = runs[w][k], runs[w][f"{k}-notel"]
+            added = statistics.median((x - y) / per_op[w] for x, y in zip(on, off, strict=True))
+            report[f"{w}/{k}/telemetry_us_per_collective"] = round(added, 2)
+            print(f"telemetry on the {k} path ({w}): {added:+.2f} us a collective")
     if a.json:
         a.json.write_text(json.dumps(report, indent=2))
     dist.destroy_process_group()

@@ -19,6 +19,7 @@ from snapshotter.coordinator import (
     supervisor,
     tenancy,
     tenants,
+    top,
 )
 from snapshotter.coordinator.core import Coordinator
 from snapshotter.coordinator.decisions import JobPhase
@@ -111,6 +112,10 @@ class CoordinatorService(coordinator_pb2_grpc.CoordinatorServicer):
 
     def Weights(self, req: common_pb2.Empty, ctx: Any) -> pb.WeightsChannelList:
         return self.c.weights.listing(tenancy.scope())
+
+    def Top(self, req: pb.TopRequest, ctx: Any) -> pb.TopReport:
+        self._check_job(req.job_id)
+        return top.run(self.c, req)
 
     def Audit(self, req: pb.AuditRequest, ctx: Any) -> pb.AuditReport:
         tenancy.require_cluster_scope("audit the cluster")

@@ -56,6 +56,7 @@ PYBIND11_MODULE(TORCH_EXTENSION_NAME, m) {
       .def("held", &Gate::held, nogil())
       .def("state", &Gate::state, nogil())
       .def("counts", &Gate::counts, nogil())
+      .def("latencies", &Gate::latencies, nogil())
       .def("prepare", &Gate::prepare, nogil())
       .def("arm", &Gate::arm, nogil())
       .def("abort", &Gate::abort, nogil())

@@ -336,6 +336,7 @@ def serve_agent(cfg: AgentConfig) -> int:
         store_url=cfg.store_url,
     )
     agent = NodeAgent(settings, node_store(open_store(cfg.store_url), cfg.paths))
+    metrics.watch_ranks(agent.sample_running)
     exporter = _metrics(cfg.metrics_listen, metrics.AGENT, cfg.listen, "agent")
     fence = Fence(on_newer=agent.freezes.expire_all)
     stop = _stop_event()

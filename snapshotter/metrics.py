@@ -183,6 +183,51 @@ def watch_coordinator(agents: Callable[[], dict[str, int]], jobs: Callable[[], d
                                       "snapshotter_jobs": "jobs by state"}, "state"))  # fmt: skip
 
 
+class _Ranks(Collector):
+    """Every running job's ranks on this node, sampled when scraped (agent/progress.py: a
+    query each rank's hook answers from memory; a job a freeze holds is skipped)."""
+
+    HELP = {
+        "snapshotter_rank_step_seconds": "the median of the rank's latest optimizer steps",
+        "snapshotter_rank_collective_latency_seconds":
+            "the mean issue-to-completion time of the rank's latest collectives on its busiest "
+            "group (low on the rank its peers wait for)",
+        "snapshotter_rank_collective_in_flight_seconds":
+            "how long the rank's oldest collective still in flight has been",
+    }
+
+    def __init__(self, sample: Callable[[], Iterable[Any]]) -> None:
+        self.sample = sample
+
+    def collect(self) -> Iterator[GaugeMetricFamily]:
+        fams = {n: GaugeMetricFamily(n, h, labels=["job_id", "rank"]) for n, h in self.HELP.items()}
+        rtt = GaugeMetricFamily("snapshotter_peer_rtt_milliseconds", "the worst smoothed RTT of "
+                                "a job's connections from this node to a peer address",
+                                labels=["job_id", "peer"])  # fmt: skip
+        for p in self.sample():
+            for r in p.ranks:
+                if not r.answered:
+                    continue
+                labels = [p.job_id, str(r.rank)]
+                busiest = max(r.timings, key=lambda t: t.done, default=None)
+                fams["snapshotter_rank_step_seconds"].add_metric(labels, r.step_s)
+                fams["snapshotter_rank_collective_in_flight_seconds"].add_metric(
+                    labels, r.in_flight_s)
+                if busiest is not None:
+                    fams["snapshotter_rank_collective_latency_seconds"].add_metric(
+                        labels, busiest.mean_s)
+            for peer in p.peers:
+                rtt.add_metric([p.job_id, peer.address], peer.rtt_ms)
+        yield from fams.values()
+        yield rtt
+
+
+def watch_ranks(sample: Callable[[], Iterable[Any]]) -> None:
+    """Live gauges of an agent: its running jobs' ranks' step times and collective latencies
+    (`sample` yields a JobProgress per running job)."""
+    AGENT.register(_Ranks(sample))
+
+
 class MetricsServer:
     """A running metrics endpoint: its address and how to stop it."""
 

@@ -270,11 +270,15 @@ class CountingBackend : public c10d::Backend {
 
   template <typename F>
   intrusive_ptr<c10d::Work> issue(const std::string& key, F&& call) {
-    gate_->enter(key, true);
+    const int64_t seq = gate_->enter(key, true);
+    const auto issued = Telemetry::Clock::now();
     intrusive_ptr<HandleWork> handle;
     try {
       auto work = call(current());
       handle = c10::make_intrusive<HandleWork>(std::move(work));
+      if (const auto& t = gate_->telemetry()) {
+        handle->timeCompletion(t, key, seq, issued);
+      }
     } catch (...) {
       gate_->untrack();
       throw;

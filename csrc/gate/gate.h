@@ -1,6 +1,9 @@
 #pragma once
 // Part of the hook's native collective path; csrc/gate.cpp says why it exists.
 
+#include <cstdlib>
+#include <memory>
+
 #include "gate/work.h"
 
 namespace snapshotter {
@@ -26,7 +29,25 @@ inline const char* stateName(State s) {
 // The quiesce barrier (snapshotter/hook/barrier.py draws its states).
 class Gate {
  public:
-  explicit Gate(py::object onParked) : onParked_(std::move(onParked)) {}
+  explicit Gate(py::object onParked) : onParked_(std::move(onParked)) {
+    // SNAPSHOTTER_TELEMETRY=0 turns the latency record off (bench/hook_overhead.py compares).
+    const char* env = std::getenv("SNAPSHOTTER_TELEMETRY");
+    if (env == nullptr || std::string(env) != "0") {
+      telemetry_ = std::make_shared<Telemetry>();
+    }
+  }
+
+  // Where ops record their latencies; null when the record is off.
+  const std::shared_ptr<Telemetry>& telemetry() const {
+    return telemetry_;
+  }
+
+  std::map<std::string, std::pair<int64_t, std::vector<Telemetry::Entry>>> latencies() {
+    if (!telemetry_) {
+      return {};
+    }
+    return telemetry_->latencies();
+  }
 
   ~Gate() {
     // The callback (and any Python-made pending op) is a Python object: drop it with the GIL,
@@ -57,6 +78,9 @@ class Gate {
       }
     }
     cv_.notify_all();
+    if (telemetry_) {
+      telemetry_->forget(key);
+    }
   }
 
   void setupBegin() {
@@ -405,6 +429,7 @@ class Gate {
   std::optional<std::pair<std::string, int64_t>> parkedAt_;
   int setups_ = 0;
   int64_t issuing_ = 0;
+  std::shared_ptr<Telemetry> telemetry_;
 };
 
 }  // namespace snapshotter

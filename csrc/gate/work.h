@@ -18,6 +18,8 @@
 #include <unordered_map>
 #include <vector>
 
+#include "gate/telemetry.h"
+
 namespace snapshotter {
 
 namespace py = pybind11;
@@ -135,6 +137,24 @@ class HandleWork : public c10d::Work {
     }
   }
 
+  // Record how long this op took from `issued` to completion under `key`: on the future's
+  // completion (the communicator's thread, no GIL), or, for a waiter-only op, when its first
+  // wait returns.
+  void timeCompletion(std::shared_ptr<Telemetry> t, const std::string& key, int64_t seq,
+                      Telemetry::Clock::time_point issued) {
+    if (future_) {
+      future_->addCallback([t = std::move(t), key, seq, issued](c10::ivalue::Future&) {
+        t->record(key, seq, issued);
+      });
+      return;
+    }
+    std::lock_guard<std::mutex> g(m_);
+    timing_ = std::move(t);
+    timingKey_ = key;
+    timingSeq_ = seq;
+    issued_ = issued;
+  }
+
   bool holdsWork() {
     std::lock_guard<std::mutex> g(m_);
     return static_cast<bool>(work_);
@@ -193,6 +213,10 @@ class HandleWork : public c10d::Work {
       ok_ = ok;
       error_ = error;
       waited_ = true;
+      if (timing_) {
+        timing_->record(timingKey_, timingSeq_, issued_);
+        timing_.reset();
+      }
     }
     std::lock_guard<std::mutex> g(m_);
     if (error_) {
@@ -279,6 +303,10 @@ class HandleWork : public c10d::Work {
   bool waited_ = false;
   bool ok_ = true;
   std::exception_ptr error_;
+  std::shared_ptr<Telemetry> timing_;  // a waiter-only op's latency record, until its wait
+  std::string timingKey_;
+  int64_t timingSeq_ = 0;
+  Telemetry::Clock::time_point issued_{};
 };
 
 // Whether the GIL may still be taken: not once the interpreter is finalizing (that aborts).

@@ -225,7 +225,22 @@ class NodeAgent:
             JobNotFound: no such job here.
             InvalidArgument: `timeout` is not in (0, PROGRESS_TIMEOUT_S].
         """
-        return sample_progress(self.jobs.get(job_id), timeout)
+        reply = sample_progress(self.jobs.get(job_id), timeout)
+        reply.node = self.settings.name
+        return reply
+
+    def sample_running(self) -> list[common_pb2.JobProgress]:
+        """Every running job's progress here, for the metrics (a job that ended meanwhile, or
+        that a freeze holds, is left out)."""
+        out = []
+        for job_id in self.jobs.running_ids():
+            try:
+                p = self.progress(job_id, timeout=0.5)
+            except errors.SnapshotterError:
+                continue
+            if not p.busy:
+                out.append(p)
+        return out
 
     def cancel(self, job_id: str) -> NodeJob | None:
         """End a job's ranks here; None when it was still launching (the launch then ends

@@ -20,6 +20,7 @@ from __future__ import annotations
 import time
 
 from snapshotter import errors
+from snapshotter.agent import peers
 from snapshotter.agent.runtime import NodeJob, RankRuntime
 from snapshotter.hook import protocol
 from snapshotter.procutil import first_child, proc_state
@@ -94,6 +95,22 @@ def sample(job: NodeJob, timeout: float = TIMEOUT_S) -> common_pb2.JobProgress:
                 counts=p.counts,
                 proc_state=rank_state(r),
                 in_flight_s=p.in_flight_s,
+                step_s=p.step_s,
+                steps_window=p.steps_window,
+                timings=[
+                    common_pb2.CollectiveTiming(group=k, done=t.done, window=t.window,
+                                                mean_s=t.mean_s, p50_s=t.p50_s,
+                                                seqs=[q for q, _ in t.recent],
+                                                latencies_s=[v for _, v in t.recent])  # fmt: skip
+                    for k, t in sorted(p.timings.items())
+                ],
             )
         )
+    pids = {pid for r in job.alive_ranks() if (pid := first_child(r.sandbox.pid)) is not None}
+    reply.peers.extend(
+        common_pb2.PeerStats(address=p.address, connections=p.connections, rtt_ms=p.rtt_ms,
+                             bytes_sent=p.bytes_sent, bytes_retrans=p.bytes_retrans,
+                             delivery_bps=p.delivery_bps)  # fmt: skip
+        for p in peers.collect(pids)
+    )
     return reply

@@ -415,6 +415,36 @@ def cmd_audit(a: argparse.Namespace) -> int:
     return 0 if res.passed else AUDIT_FAILED_EXIT
 
 
+def cmd_top(a: argparse.Namespace) -> int:
+    req = coordinator_pb2.TopRequest(job_id=a.job_id, hang_s=a.hang_after)
+    while True:
+        res = _client().stub.Top(req, timeout=60)
+        emit_result(plain(res), a.json, None, _top_text(res))
+        if not a.watch:
+            return 0
+        time.sleep(a.watch)
+        if not a.json:
+            print()
+
+
+def _top_text(res: Any) -> str:
+    def ms(s: float) -> str:
+        return f"{s * 1000:.1f}" if s else "-"
+
+    rows = [[str(r.rank), r.node, r.proc_state or "-", str(r.steps), ms(r.step_s), ms(r.wait_s),
+             ms(r.busy_s), f"{r.last_share:.0%}" if res.aligned else "-",
+             f"{r.in_flight_s:.1f}" if r.in_flight_s else "-",
+             "" if r.answered else "no answer"] for r in res.ranks]  # fmt: skip
+    text = table(rows, ["RANK", "NODE", "STATE", "STEPS", "STEP MS", "WAIT MS", "BUSY MS",
+                        "LAST IN", "IN FLIGHT S", ""])  # fmt: skip
+    if res.links:
+        text += "\n\n" + table([[f"{x.a} <-> {x.b}", f"{x.rtt_ms:.2f}", human_bytes(x.bytes_sent),
+                                 human_bytes(x.bytes_retrans)] for x in res.links],
+                               ["LINK", "RTT MS", "SENT", "RETRANSMITTED"])  # fmt: skip
+    findings = list(res.findings) or ["nothing stands out: no straggler, slow link or hang"]
+    return text + "\n\n" + "\n".join(findings)
+
+
 def _audit_text(res: Any) -> str:
     def why(x: Any) -> str:
         return "; ".join(x.why) or "-"
@@ -773,6 +803,13 @@ def build_parser() -> argparse.ArgumentParser:
     au.add_argument("--link-mib", type=float, default=32.0, help="sent per link probe")
     au.add_argument("--storage-mib", type=float, default=8.0,
                     help="written to and read from the store per node")
+    tp = add("top", cmd_top, "a running job's step time and collective waits per rank, and the "
+             "slowest rank, node and link, or the rank a hang waits on")
+    tp.add_argument("job_id")
+    tp.add_argument("--watch", type=float, default=0.0, metavar="S",
+                    help="sample again every S seconds until interrupted")
+    tp.add_argument("--hang-after", type=float, default=0.0, metavar="S",
+                    help="a collective in flight this long is a hang (default 10)")
     s = add("status", cmd_status, "show a job, or without one the services and their resources")
     s.add_argument("job_id", nargs="?", default=None)
     w = add("wait", cmd_wait, "wait until a job ends")

@@ -19,9 +19,10 @@ import threading
 import time
 from typing import Any
 
-from snapshotter.hook import protocol
+from snapshotter.hook import protocol, telemetry
 from snapshotter.hook.barrier import BarrierError, ParkPoint, QuiesceBarrier, State
 from snapshotter.hook.sockets import ForeignSockets, Owned, tcp_sockets
+from snapshotter.hook.telemetry import StepClock
 
 DEFAULT_HOLD_S = 60.0
 SOCKET_CLOSE_WAIT_S = 5.0
@@ -42,8 +43,10 @@ class Hook:
         self._hold_timer: threading.Timer | None = None
         self._hold_s = float(os.environ.get("SNAPSHOTTER_HOLD_S", DEFAULT_HOLD_S))
         self._thread: threading.Thread | None = None
-        # Optimizer steps taken, all optimizers together (see _count_step).
+        # Optimizer steps taken, all optimizers together (see _count_step), and when the
+        # latest finished (telemetry.py; None: the record is off).
         self.steps = 0
+        self.step_clock: StepClock | None = StepClock() if telemetry.enabled() else None
         # Filled by install_torch(); absent when torch is missing or the hook is disabled.
         self.groups: Any = None
         self.rdzv: Any = None
@@ -91,6 +94,9 @@ class Hook:
         # nothing else. Two optimizers stepping on two threads at once could lose one count;
         # a progress reader wants a trend, not an exact ledger.
         self.steps += 1
+        clock = self.step_clock
+        if clock is not None:
+            clock.tick()
 
     def start(self) -> None:
         self.foreign.install()
@@ -167,7 +173,19 @@ class Hook:
         query = protocol.query_of(msg)
         self.send(protocol.progress_report(query, self.steps, self.barrier.counts(),
                                            self.barrier.state.value,
-                                           self.barrier.oldest_in_flight_s()))  # fmt: skip
+                                           self.barrier.oldest_in_flight_s(),
+                                           self._telemetry()))  # fmt: skip
+
+    def _telemetry(self) -> dict[str, Any] | None:
+        if self.step_clock is None:
+            return None
+        sources = []
+        native = getattr(self.barrier, "latencies", None)
+        if native is not None:
+            sources.append(native())
+        if self.groups is not None and self.groups.latencies is not None:
+            sources.append(self.groups.latencies.snapshot())
+        return telemetry.summary(self.step_clock.durations(), sources)
 
     def _check_enabled(self) -> None:
         if self.disabled:

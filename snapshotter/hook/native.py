@@ -150,6 +150,11 @@ class NativeBarrier:
     def counts(self) -> dict[str, int]:
         return dict(self.gate.counts())
 
+    def latencies(self) -> dict[str, tuple[int, list[tuple[int, float]]]]:
+        """Native ops' latencies per key: (completed, the latest (seq, seconds))."""
+        return {k: (int(n), [(int(q), float(v)) for q, v in e])
+                for k, (n, e) in self.gate.latencies().items()}  # fmt: skip
+
     def prepare(self, freeze_id: str) -> dict[str, int]:
         return dict(self._call("prepare", freeze_id))
 

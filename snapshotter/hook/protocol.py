@@ -36,7 +36,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 Msg = dict[str, Any]
@@ -182,13 +182,35 @@ def error(freeze: str, message: str) -> Msg:
 
 
 def progress_report(
-    query: int, steps: int, issued: Mapping[str, int], state: str = "", in_flight_s: float = 0.0
+    query: int,
+    steps: int,
+    issued: Mapping[str, int],
+    state: str = "",
+    in_flight_s: float = 0.0,
+    telemetry: Mapping[str, Any] | None = None,
 ) -> Msg:
     """The reply to `progress` command `query`; `state` is the barrier's (idle, holding, armed,
     parked, suspended): a restarted agent reads it to finish what its predecessor left;
-    `in_flight_s`: how long the rank's oldest collective still in flight has been."""
-    return {"op": PROGRESS, "query": int(query), "steps": int(steps), "counts": dict(issued),
-            "state": str(state), "in_flight_s": float(in_flight_s)}  # fmt: skip
+    `in_flight_s`: how long the rank's oldest collective still in flight has been;
+    `telemetry`: hook/telemetry.py's `summary` of its recent steps and collective latencies."""
+    msg = {"op": PROGRESS, "query": int(query), "steps": int(steps), "counts": dict(issued),
+           "state": str(state), "in_flight_s": float(in_flight_s)}  # fmt: skip
+    if telemetry is not None:
+        msg["telemetry"] = dict(telemetry)
+    return msg
+
+
+@dataclass(frozen=True)
+class Timing:
+    """A group's (or channel's) recent collectives: how many completed, and the mean and
+    median seconds from issue to completion over the latest `window` of them."""
+
+    done: int
+    window: int
+    mean_s: float
+    p50_s: float
+    # The latest (seq, seconds) by sequence number on the group, the same on every member.
+    recent: tuple[tuple[int, float], ...] = ()
 
 
 @dataclass(frozen=True)
@@ -200,6 +222,9 @@ class Progress:
     counts: dict[str, int]
     state: str = ""  # the barrier's state; "" from a hook older than the field
     in_flight_s: float = 0.0  # its oldest collective still in flight, this long
+    step_s: float = 0.0  # the median of its latest optimizer steps' durations (0: unknown)
+    steps_window: int = 0  # how many durations that median is of
+    timings: dict[str, Timing] = field(default_factory=dict)
 
 
 def query_of(msg: Msg) -> int:
@@ -217,13 +242,27 @@ def progress_of(msg: Msg) -> Progress:
     counts = msg.get("counts")
     if not isinstance(counts, dict):
         raise ProtocolError("progress counts must be an object {group: issued}")
+    tele = msg.get("telemetry") or {}
+    groups = tele.get("groups") if isinstance(tele, dict) else None
+    if not isinstance(tele, dict) or not isinstance(groups or {}, dict):
+        raise ProtocolError("progress telemetry must be an object with groups {key: timing}")
     try:
+        timings = {
+            str(k): Timing(done=int(v["done"]), window=int(v["window"]),
+                           mean_s=float(v["mean_s"]), p50_s=float(v["p50_s"]),
+                           recent=tuple((int(q), int(us) / 1e6)
+                                        for q, us in v.get("recent") or ()))  # fmt: skip
+            for k, v in (groups or {}).items()
+        }
         return Progress(
             query=query_of(msg),
             steps=int(msg["steps"]),
             counts={str(k): int(v) for k, v in counts.items()},
             state=str(msg.get("state", "")),
             in_flight_s=float(msg.get("in_flight_s", 0.0)),
+            step_s=float(tele.get("step_s", 0.0)),
+            steps_window=int(tele.get("steps_window", 0)),
+            timings=timings,
         )
     except (KeyError, TypeError, ValueError) as e:
         raise ProtocolError(f"progress needs integer steps and counts: {e}") from e

@@ -57,8 +57,10 @@ import torch.distributed as dist
 import torch.distributed.distributed_c10d as c10d
 from torch._C._distributed_c10d import FakeProcessGroup
 
+from snapshotter.hook import telemetry
 from snapshotter.hook.barrier import channel
 from snapshotter.hook.sockets import Owned
+from snapshotter.hook.telemetry import Latencies
 
 _REAL_GLOO: Any = c10d.ProcessGroupGloo
 BACKEND_NAME = "snapshotter-gloo"
@@ -230,11 +232,13 @@ class ResumableProcessGroup(dist.ProcessGroup):
 
     def _issue_on(self, key: str, name: str, args: tuple[Any, ...], kwargs: dict[str, Any]) -> Any:
         registry = self._registry
-        registry.barrier.enter(key)
+        seq = registry.barrier.enter(key)
+        issued = time.monotonic()
         work = getattr(self._current(), name)(*args, **kwargs)
         if work is None:  # synchronous (monitored_barrier)
             return work
-        handle = _Handle(work)
+        lat = registry.latencies
+        handle = _Handle(work, None if lat is None else (lat, key, seq, issued))
         registry.handles.add(handle)
         registry.barrier.track(handle)
         return handle
@@ -320,9 +324,13 @@ class _Handle(dist.Work):
     for a message that never comes.
     """
 
-    def __init__(self, work: Any) -> None:
+    def __init__(
+        self, work: Any, timing: tuple[Latencies, str, int, float] | None = None
+    ) -> None:
         super().__init__()
         self._work: Any = work
+        # Where to record this op's latency once the rank first sees it done (telemetry.py).
+        self._timing = timing
         try:
             self._future: Any = work.get_future()
             self._lock: threading.Lock | None = None
@@ -337,6 +345,12 @@ class _Handle(dist.Work):
 
     def done(self) -> bool:
         return self.is_completed()
+
+    def _stamp(self) -> None:
+        timing, self._timing = self._timing, None
+        if timing is not None:
+            lat, key, seq, issued = timing
+            lat.record(key, seq, time.monotonic() - issued)
 
     def settle(self) -> None:
         if self._lock is not None:
@@ -369,6 +383,7 @@ class _Handle(dist.Work):
                 return self._ok
             ok = bool(work.wait() if timeout is None else work.wait(timeout))
             self._waited = True
+            self._stamp()
             return ok
         with lock:
             if not self._waited:
@@ -379,6 +394,7 @@ class _Handle(dist.Work):
                 except BaseException as e:
                     self._ok, self._error = False, e
                 self._waited = True
+                self._stamp()
             if self._error is not None:
                 raise self._error
             return self._ok
@@ -386,7 +402,10 @@ class _Handle(dist.Work):
     def is_completed(self) -> bool:
         if self._waited or self._work is None:
             return True
-        return self._lock is None and bool(self._work.is_completed())
+        if self._lock is None and bool(self._work.is_completed()):
+            self._stamp()
+            return True
+        return False
 
     def is_success(self) -> bool:
         work = self._work
@@ -493,6 +512,8 @@ class GroupRegistry:
         self.handles: weakref.WeakSet[_Handle] = weakref.WeakSet()
         # The native backend made for the group torch's helper is creating (by group name).
         self.made: dict[str, Any] = {}
+        # Python-path ops' latencies (native ops record in the gate); None: the record is off.
+        self.latencies: Latencies | None = Latencies() if telemetry.enabled() else None
 
     def native_types(self) -> tuple[type, ...]:
         return () if self.native is None else (self.native.CountingBackend,)
@@ -541,6 +562,8 @@ class GroupRegistry:
             if pg in self._groups:
                 self._groups.remove(pg)
         self.barrier.remove_group(pg.key)
+        if self.latencies is not None:
+            self.latencies.forget(pg.key)
 
     def teardown_all(self) -> None:
         for handle in list(self.handles):

@@ -394,7 +394,7 @@ class UploadWindow(_message.Message):
     def __init__(self, node: _Optional[str] = ..., start: _Optional[float] = ..., end: _Optional[float] = ..., uploaded_bytes: _Optional[int] = ..., deduped_chunks: _Optional[int] = ..., uploaded_chunks: _Optional[int] = ...) -> None: ...
 
 class RankProgress(_message.Message):
-    __slots__ = ("rank", "answered", "steps", "counts", "proc_state", "exit_code", "in_flight_s")
+    __slots__ = ("rank", "answered", "steps", "counts", "proc_state", "exit_code", "in_flight_s", "step_s", "steps_window", "timings")
     class CountsEntry(_message.Message):
         __slots__ = ("key", "value")
         KEY_FIELD_NUMBER: _ClassVar[int]
@@ -409,6 +409,9 @@ class RankProgress(_message.Message):
     PROC_STATE_FIELD_NUMBER: _ClassVar[int]
     EXIT_CODE_FIELD_NUMBER: _ClassVar[int]
     IN_FLIGHT_S_FIELD_NUMBER: _ClassVar[int]
+    STEP_S_FIELD_NUMBER: _ClassVar[int]
+    STEPS_WINDOW_FIELD_NUMBER: _ClassVar[int]
+    TIMINGS_FIELD_NUMBER: _ClassVar[int]
     rank: int
     answered: bool
     steps: int
@@ -416,19 +419,60 @@ class RankProgress(_message.Message):
     proc_state: str
     exit_code: int
     in_flight_s: float
-    def __init__(self, rank: _Optional[int] = ..., answered: _Optional[bool] = ..., steps: _Optional[int] = ..., counts: _Optional[_Mapping[str, int]] = ..., proc_state: _Optional[str] = ..., exit_code: _Optional[int] = ..., in_flight_s: _Optional[float] = ...) -> None: ...
+    step_s: float
+    steps_window: int
+    timings: _containers.RepeatedCompositeFieldContainer[CollectiveTiming]
+    def __init__(self, rank: _Optional[int] = ..., answered: _Optional[bool] = ..., steps: _Optional[int] = ..., counts: _Optional[_Mapping[str, int]] = ..., proc_state: _Optional[str] = ..., exit_code: _Optional[int] = ..., in_flight_s: _Optional[float] = ..., step_s: _Optional[float] = ..., steps_window: _Optional[int] = ..., timings: _Optional[_Iterable[_Union[CollectiveTiming, _Mapping]]] = ...) -> None: ...
+
+class CollectiveTiming(_message.Message):
+    __slots__ = ("group", "done", "window", "mean_s", "p50_s", "seqs", "latencies_s")
+    GROUP_FIELD_NUMBER: _ClassVar[int]
+    DONE_FIELD_NUMBER: _ClassVar[int]
+    WINDOW_FIELD_NUMBER: _ClassVar[int]
+    MEAN_S_FIELD_NUMBER: _ClassVar[int]
+    P50_S_FIELD_NUMBER: _ClassVar[int]
+    SEQS_FIELD_NUMBER: _ClassVar[int]
+    LATENCIES_S_FIELD_NUMBER: _ClassVar[int]
+    group: str
+    done: int
+    window: int
+    mean_s: float
+    p50_s: float
+    seqs: _containers.RepeatedScalarFieldContainer[int]
+    latencies_s: _containers.RepeatedScalarFieldContainer[float]
+    def __init__(self, group: _Optional[str] = ..., done: _Optional[int] = ..., window: _Optional[int] = ..., mean_s: _Optional[float] = ..., p50_s: _Optional[float] = ..., seqs: _Optional[_Iterable[int]] = ..., latencies_s: _Optional[_Iterable[float]] = ...) -> None: ...
+
+class PeerStats(_message.Message):
+    __slots__ = ("address", "connections", "rtt_ms", "bytes_sent", "bytes_retrans", "delivery_bps")
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    CONNECTIONS_FIELD_NUMBER: _ClassVar[int]
+    RTT_MS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RETRANS_FIELD_NUMBER: _ClassVar[int]
+    DELIVERY_BPS_FIELD_NUMBER: _ClassVar[int]
+    address: str
+    connections: int
+    rtt_ms: float
+    bytes_sent: int
+    bytes_retrans: int
+    delivery_bps: float
+    def __init__(self, address: _Optional[str] = ..., connections: _Optional[int] = ..., rtt_ms: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_retrans: _Optional[int] = ..., delivery_bps: _Optional[float] = ...) -> None: ...
 
 class JobProgress(_message.Message):
-    __slots__ = ("job_id", "busy", "ranks", "sampled")
+    __slots__ = ("job_id", "busy", "ranks", "sampled", "node", "peers")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]
     BUSY_FIELD_NUMBER: _ClassVar[int]
     RANKS_FIELD_NUMBER: _ClassVar[int]
     SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
     job_id: str
     busy: bool
     ranks: _containers.RepeatedCompositeFieldContainer[RankProgress]
     sampled: float
-    def __init__(self, job_id: _Optional[str] = ..., busy: _Optional[bool] = ..., ranks: _Optional[_Iterable[_Union[RankProgress, _Mapping]]] = ..., sampled: _Optional[float] = ...) -> None: ...
+    node: str
+    peers: _containers.RepeatedCompositeFieldContainer[PeerStats]
+    def __init__(self, job_id: _Optional[str] = ..., busy: _Optional[bool] = ..., ranks: _Optional[_Iterable[_Union[RankProgress, _Mapping]]] = ..., sampled: _Optional[float] = ..., node: _Optional[str] = ..., peers: _Optional[_Iterable[_Union[PeerStats, _Mapping]]] = ...) -> None: ...
 
 class Empty(_message.Message):
     __slots__ = ()

@@ -903,3 +903,77 @@ class AuditReport(_message.Message):
     passed: bool
     interfaces: _containers.RepeatedCompositeFieldContainer[InterfaceAudit]
     def __init__(self, nodes: _Optional[_Iterable[_Union[NodeAudit, _Mapping]]] = ..., links: _Optional[_Iterable[_Union[LinkAudit, _Mapping]]] = ..., rounds: _Optional[int] = ..., seconds: _Optional[float] = ..., passed: _Optional[bool] = ..., interfaces: _Optional[_Iterable[_Union[InterfaceAudit, _Mapping]]] = ...) -> None: ...
+
+class TopRequest(_message.Message):
+    __slots__ = ("job_id", "hang_s")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    HANG_S_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    hang_s: float
+    def __init__(self, job_id: _Optional[str] = ..., hang_s: _Optional[float] = ...) -> None: ...
+
+class TopRank(_message.Message):
+    __slots__ = ("rank", "node", "answered", "proc_state", "steps", "step_s", "wait_s", "busy_s", "in_flight_s", "last_share")
+    RANK_FIELD_NUMBER: _ClassVar[int]
+    NODE_FIELD_NUMBER: _ClassVar[int]
+    ANSWERED_FIELD_NUMBER: _ClassVar[int]
+    PROC_STATE_FIELD_NUMBER: _ClassVar[int]
+    STEPS_FIELD_NUMBER: _ClassVar[int]
+    STEP_S_FIELD_NUMBER: _ClassVar[int]
+    WAIT_S_FIELD_NUMBER: _ClassVar[int]
+    BUSY_S_FIELD_NUMBER: _ClassVar[int]
+    IN_FLIGHT_S_FIELD_NUMBER: _ClassVar[int]
+    LAST_SHARE_FIELD_NUMBER: _ClassVar[int]
+    rank: int
+    node: str
+    answered: bool
+    proc_state: str
+    steps: int
+    step_s: float
+    wait_s: float
+    busy_s: float
+    in_flight_s: float
+    last_share: float
+    def __init__(self, rank: _Optional[int] = ..., node: _Optional[str] = ..., answered: _Optional[bool] = ..., proc_state: _Optional[str] = ..., steps: _Optional[int] = ..., step_s: _Optional[float] = ..., wait_s: _Optional[float] = ..., busy_s: _Optional[float] = ..., in_flight_s: _Optional[float] = ..., last_share: _Optional[float] = ...) -> None: ...
+
+class TopLink(_message.Message):
+    __slots__ = ("a", "b", "rtt_ms", "bytes_sent", "bytes_retrans")
+    A_FIELD_NUMBER: _ClassVar[int]
+    B_FIELD_NUMBER: _ClassVar[int]
+    RTT_MS_FIELD_NUMBER: _ClassVar[int]
+    BYTES_SENT_FIELD_NUMBER: _ClassVar[int]
+    BYTES_RETRANS_FIELD_NUMBER: _ClassVar[int]
+    a: str
+    b: str
+    rtt_ms: float
+    bytes_sent: int
+    bytes_retrans: int
+    def __init__(self, a: _Optional[str] = ..., b: _Optional[str] = ..., rtt_ms: _Optional[float] = ..., bytes_sent: _Optional[int] = ..., bytes_retrans: _Optional[int] = ...) -> None: ...
+
+class TopReport(_message.Message):
+    __slots__ = ("job_id", "sampled", "ranks", "slowest_rank", "slowest_node", "slowest_link", "waits_on", "stalled_s", "findings", "links", "busy", "aligned")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    SAMPLED_FIELD_NUMBER: _ClassVar[int]
+    RANKS_FIELD_NUMBER: _ClassVar[int]
+    SLOWEST_RANK_FIELD_NUMBER: _ClassVar[int]
+    SLOWEST_NODE_FIELD_NUMBER: _ClassVar[int]
+    SLOWEST_LINK_FIELD_NUMBER: _ClassVar[int]
+    WAITS_ON_FIELD_NUMBER: _ClassVar[int]
+    STALLED_S_FIELD_NUMBER: _ClassVar[int]
+    FINDINGS_FIELD_NUMBER: _ClassVar[int]
+    LINKS_FIELD_NUMBER: _ClassVar[int]
+    BUSY_FIELD_NUMBER: _ClassVar[int]
+    ALIGNED_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    sampled: float
+    ranks: _containers.RepeatedCompositeFieldContainer[TopRank]
+    slowest_rank: int
+    slowest_node: str
+    slowest_link: str
+    waits_on: int
+    stalled_s: float
+    findings: _containers.RepeatedScalarFieldContainer[str]
+    links: _containers.RepeatedCompositeFieldContainer[TopLink]
+    busy: bool
+    aligned: int
+    def __init__(self, job_id: _Optional[str] = ..., sampled: _Optional[float] = ..., ranks: _Optional[_Iterable[_Union[TopRank, _Mapping]]] = ..., slowest_rank: _Optional[int] = ..., slowest_node: _Optional[str] = ..., slowest_link: _Optional[str] = ..., waits_on: _Optional[int] = ..., stalled_s: _Optional[float] = ..., findings: _Optional[_Iterable[str]] = ..., links: _Optional[_Iterable[_Union[TopLink, _Mapping]]] = ..., busy: _Optional[bool] = ..., aligned: _Optional[int] = ...) -> None: ...

@@ -180,6 +180,11 @@ class CoordinatorStub:
                 request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.AuditRequest.SerializeToString,
                 response_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.AuditReport.FromString,
                 _registered_method=True)
+        self.Top = channel.unary_unary(
+                '/snapshotter.v1.Coordinator/Top',
+                request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.TopRequest.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.TopReport.FromString,
+                _registered_method=True)
         self.Shutdown = channel.unary_unary(
                 '/snapshotter.v1.Coordinator/Shutdown',
                 request_serializer=snapshotter_dot_v1_dot_coordinator__pb2.ShutdownRequest.SerializeToString,
@@ -389,6 +394,14 @@ class CoordinatorServicer:
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
 
+    def Top(self, request, context):
+        """A running job's step time and collective waits per rank, and who slows or stalls it
+        (snapshotter top).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
     def Shutdown(self, request, context):
         """Stop the embedded daemon (refused by a standalone coordinator).
         """
@@ -543,6 +556,11 @@ def add_CoordinatorServicer_to_server(servicer, server):
                     servicer.Audit,
                     request_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.AuditRequest.FromString,
                     response_serializer=snapshotter_dot_v1_dot_coordinator__pb2.AuditReport.SerializeToString,
+            ),
+            'Top': grpc.unary_unary_rpc_method_handler(
+                    servicer.Top,
+                    request_deserializer=snapshotter_dot_v1_dot_coordinator__pb2.TopRequest.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_coordinator__pb2.TopReport.SerializeToString,
             ),
             'Shutdown': grpc.unary_unary_rpc_method_handler(
                     servicer.Shutdown,
@@ -1333,6 +1351,33 @@ class Coordinator:
             '/snapshotter.v1.Coordinator/Audit',
             snapshotter_dot_v1_dot_coordinator__pb2.AuditRequest.SerializeToString,
             snapshotter_dot_v1_dot_coordinator__pb2.AuditReport.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Top(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapshotter.v1.Coordinator/Top',
+            snapshotter_dot_v1_dot_coordinator__pb2.TopRequest.SerializeToString,
+            snapshotter_dot_v1_dot_coordinator__pb2.TopReport.FromString,
             options,
             channel_credentials,
             insecure,

@@ -20,6 +20,7 @@ from typing import Any
 import pytest
 
 from tests.support.cli import ROOT, TORCHRUN, TRAIN, SnapCli
+from tests.support.cpulimit import cpu_limit
 from tests.support.disk import shed_bulk
 from tests.support.multinode import (
     Deployment,
@@ -129,8 +130,9 @@ def test_freeze_stop_then_thaw_onto_other_nodes_is_bit_identical(
 def test_s3_down_during_upload_then_back(deployment: Deployment, tmp_path: Path) -> None:
     cli = deployment.cli
     server: SeaweedServer = deployment.server  # type: ignore[attr-defined]
-    job = cli.start_job(tmp_path / "out.json", "--steps", "100000", "--step-sleep", "0.05",
-                        "--workers", "0", nodes="a,b")  # fmt: skip
+    # Batches of 512: ~5 ms of compute a step, which a 3% CPU limit stretches tenfold.
+    job = cli.start_job(tmp_path / "out.json", "--steps", "100000", "--step-sleep", "0.02",
+                        "--batch", "512", "--workers", "0", nodes="a,b")  # fmt: skip
     try:
         cli.wait_step(job, 20)
         coord0, agent0 = deployment.metrics(), deployment.metrics("a")
@@ -794,3 +796,111 @@ def test_audit_names_a_slow_link_a_lossy_link_and_a_node_without_storage(
     failed = {n["node"]: n["why"] for n in report["nodes"] if n["status"] == "failed"}
     assert code == 18 and list(failed) == ["c"], report["nodes"]
     assert failed["c"][0].startswith("storage:"), failed
+
+
+def _rank_pid(dep: Deployment, node: str, job: str, rank: int) -> int:
+    """The host pid of rank `rank` of `job` (the hooked Python in its sandbox on `node`)."""
+    for pid in pids_in_node(dep.cluster, node):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        # Not its sandbox's init, whose command line and environment are the rank's too.
+        if (b"snapshotter.hook.bootstrap" in argv and f"RANK={rank}".encode() in env
+                and f"SNAPSHOTTER_JOB_ID={job}".encode() in env
+                and not argv.split(b"\0")[0].endswith(b"snapinit")):  # fmt: skip
+            return pid
+    raise AssertionError(f"no process of rank {rank} of job {job} on node {node}")
+
+
+def _top_until(dep: Deployment, job: str, cond: Any, what: str, timeout: float = 120,
+               *args: str) -> tuple[dict, int]:  # fmt: skip
+    """Sample `top` until `cond(report)`; the report and how many samples it took."""
+    deadline, n, seen = time.monotonic() + timeout, 0, []
+    while True:
+        n += 1
+        report = dep.cli.json("top", job, *args, timeout=120)
+        if cond(report):
+            return report, n
+        seen.append({x["rank"]: round(x.get("last_share", 0), 2) for x in report["ranks"]})
+        assert time.monotonic() < deadline, (
+            f"top never showed {what}: {report}; who joined last, sample by sample: {seen}")
+        time.sleep(1)
+
+
+def test_top_names_a_cpu_limited_rank_then_the_rank_a_hang_waits_on(
+    deployment: Deployment, tmp_path: Path
+) -> None:
+    """`snapshotter top` on a running 2x2 DDP job: rank 3 (node b) limited to 3% of a CPU
+    by its cgroup is named the slowest rank on node b; SIGSTOPped, rank 1 is named the one
+    the hang waits on. The operator's viewer certificate suffices."""
+    cli = deployment.cli
+    job = cli.start_job(tmp_path / "out.json", "--steps", "100000", "--step-sleep", "0.05",
+                        "--workers", "0", nodes="a,b")  # fmt: skip
+    try:
+        first, _ = _top_until(deployment, job, lambda r: len(r.get("ranks", [])) == 4 and all(
+            x.get("steps", 0) > 20 and x.get("step_s", 0) > 0 for x in r["ranks"]),
+            "every rank stepping")  # fmt: skip
+        assert {(x["rank"], x["node"]) for x in first["ranks"]} == {
+            (0, "a"), (1, "a"), (2, "b"), (3, "b")}, first
+        with cpu_limit(_rank_pid(deployment, "b", job, 3), 0.03):
+            t0 = cli.steps(job, 0)[-1]
+            report, samples = _top_until(deployment, job,
+                                         lambda r: r.get("slowest_rank", -1) == 3,
+                                         "rank 3 named slowest")  # fmt: skip
+            steps = cli.steps(job, 0)[-1] - t0
+            text = cli.run("top", job).stdout
+            got = deployment.metrics("b")
+        assert text.splitlines()[0].split()[:3] == ["RANK", "NODE", "STATE"], text
+        assert report["slowest_node"] == "b" and report.get("waits_on", -1) == -1, report
+        # Node b's agent exports its ranks' step times and collective latencies.
+        for r in ("2", "3"):
+            labels = f'{{job_id="{job}",rank="{r}"}}'
+            assert got[f"snapshotter_rank_step_seconds{labels}"] > 0, got
+            assert got[f"snapshotter_rank_collective_latency_seconds{labels}"] > 0, got
+        assert any(f.startswith("slowest rank: 3 on node b") for f in report["findings"])
+        print(f"\ntop named the CPU-limited rank after {samples} sample(s), {steps} step(s): "
+              f"{report['findings']}")
+
+        pid = _rank_pid(deployment, "a", job, 1)
+        os.kill(pid, signal.SIGSTOP)
+        try:
+            report, _ = _top_until(deployment, job, lambda r: r.get("waits_on", -1) == 1,
+                                   "the hang waiting on rank 1", 120,
+                                   "--hang-after", "3")  # fmt: skip
+        finally:
+            os.kill(pid, signal.SIGCONT)
+        assert report["stalled_s"] >= 3 and report["findings"][0].startswith("hang:"), report
+        stopped = [x for x in report["ranks"] if x["rank"] == 1][0]
+        assert stopped["proc_state"] == "T" and not stopped.get("answered"), stopped
+        viewer = SnapCli(tmp_path / "viewer", {**cli.env, "SNAPSHOTTER_TLS_NAME": "clients/viewer"})
+        assert len(viewer.json("top", job)["ranks"]) == 4
+    finally:
+        cli.run("cancel", job, check=False)
+    p = cli.run("top", "no-such-job", check=False)
+    assert p.returncode == 3 and "Traceback" not in p.stderr, p.stderr
+
+
+def test_top_names_a_slow_link(deployment: Deployment, tmp_path: Path) -> None:
+    """A 3-node job (one rank a node): node b's data link rate-limited (tbf; no netem
+    here) raises the RTT of every connection through it; `top` names node b's link."""
+    cli = deployment.cli
+    b = deployment.cluster["b"]
+    job = cli.start_job(tmp_path / "out.json", "--steps", "100000", "--step-sleep", "0.05",
+                        "--workers", "0", nodes="a,b,c", nnodes=3, nproc=1)  # fmt: skip
+    try:
+        _top_until(deployment, job, lambda r: len(r.get("links", [])) == 3
+                   and not r.get("slowest_link"), "three healthy links")  # fmt: skip
+        _qdisc(b, 0, "tbf rate 20mbit burst 32kbit latency 50ms")
+        try:
+            report, samples = _top_until(deployment, job,
+                                         lambda r: r.get("slowest_link") == "b (every link)",
+                                         "node b's link named")  # fmt: skip
+        finally:
+            _qdisc(b, 0, None)
+        rtt = {(x["a"], x["b"]): x["rtt_ms"] for x in report["links"]}
+        assert min(rtt[("a", "b")], rtt[("b", "c")]) > 3 * rtt[("a", "c")], rtt
+        print(f"\ntop named node b's slowed link after {samples} sample(s): {rtt}")
+    finally:
+        cli.run("cancel", job, check=False)

@@ -2,7 +2,9 @@
 (real sandboxes, real hooks, real control channels) and its Progress RPC is called over a real
 gRPC server on a unix socket. No CRIU: nothing is frozen here.
 
-What it shows: steps and collective counts advance while the job trains; a SIGSTOPped rank
+What it shows: steps and collective counts advance while the job trains, with step times and
+collective latencies that name rank 1 (slowed on purpose) as the one rank 0 waits for; a
+SIGSTOPped rank
 answers nothing and is reported stopped ('T') while the other still answers, with counts that
 stand still; a job whose op_lock a freeze or thaw holds is reported busy and not asked.
 """
@@ -24,6 +26,7 @@ from snapshotter.agent.allow import ExecPolicy
 from snapshotter.agent.node import NodeAgent, NodeSettings
 from snapshotter.agent.runtime import NodeJob
 from snapshotter.config import Paths
+from snapshotter.coordinator import top_rules
 from snapshotter.hook import protocol
 from snapshotter.launch.spec import JobSpec
 from snapshotter.procutil import proc_state, sandbox_pids
@@ -37,6 +40,7 @@ pytestmark = pytest.mark.timeout(120)
 REPO = Path(__file__).resolve().parents[2]
 SCRIPT = REPO / "tests" / "support" / "jobs" / "progress_train.py"
 JOB = "progress-job"
+SLOW_S = 0.05  # rank 1 works this much longer a step than rank 0 (progress_train.py)
 
 
 @dataclass
@@ -73,7 +77,8 @@ def running(tmp_path: Path) -> Iterator[Running]:
         srv = serve("agent", Listen(f"unix:{sock}"), agent_service.register(node),
                     [agent_service.SERVICE])  # fmt: skip
         client = agent_client(Target(f"unix:{sock}"))
-        env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO)}
+        env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO),
+               "SLOW_RANK": f"1:{SLOW_S}"}  # fmt: skip
         spec = JobSpec(
             job_id=JOB, script=str(SCRIPT), script_args=[], module=False,
             python=sys.executable, cwd=str(REPO), env=env, nnodes=1, nproc_per_node=2,
@@ -134,6 +139,30 @@ def test_steps_and_counts_advance_while_training(running: Running) -> None:
         assert b.steps > a.steps, (a, b)
         assert set(b.counts) == set(a.counts)
         assert all(b.counts[g] > a.counts[g] for g in a.counts), (a.counts, b.counts)
+
+
+def test_telemetry_names_the_rank_its_peer_waits_for(running: Running) -> None:
+    until("20 more steps (a full window of step times)", lambda: "step 60 " in running.log(0))
+    p = answered_by(running.rpc)
+    r = by_rank(p)
+    assert p.node == "n0"
+    for rank in (0, 1):
+        # Both step at rank 1's pace: its extra work, the pause, the allreduces.
+        assert r[rank].steps_window >= 20 and r[rank].step_s >= SLOW_S, r[rank]
+        (t,) = r[rank].timings
+        assert t.group in r[rank].counts and 0 < t.done <= r[rank].counts[t.group], t
+        assert t.window == min(t.done, 64) and t.mean_s > 0 and t.p50_s > 0, t
+    # Rank 0 issues first and waits in each step's first allreduce until rank 1 joins it:
+    # most of rank 1's extra work. Rank 1 arrives last and hardly waits.
+    lat0, lat1 = r[0].timings[0].mean_s, r[1].timings[0].mean_s
+    assert lat0 > 2 * lat1, (lat0, lat1)
+    v = top_rules.judge([p], {}, hang_s=10.0)
+    assert v.slowest_rank == 1 and v.slowest_node == "n0", v.findings
+    assert v.waits_on is None
+    row = {x.rank: x for x in v.rows}
+    assert row[0].wait_s > row[1].wait_s and row[1].busy_s > row[0].busy_s, v.rows
+    # Its peer waits out about all of its extra work a step (in the first allreduce).
+    assert 0.3 * SLOW_S < row[0].wait_s - row[1].wait_s < 2 * SLOW_S, v.rows
 
 
 def test_a_stopped_rank_is_reported_and_the_other_stands_still(running: Running) -> None:

@@ -21,6 +21,7 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.metrics import MetricWrapperBase
 
 from snapshotter import metrics
+from snapshotter.v1 import common_pb2
 
 DASHBOARD = Path(__file__).resolve().parents[2] / "deploy/grafana/snapshotter-dashboard.json"
 
@@ -109,11 +110,25 @@ def _census_registry() -> CollectorRegistry:
     return scratch
 
 
+def _ranks_registry() -> CollectorRegistry:
+    """An agent's rank gauges (`watch_ranks`) over one sampled job, in a scratch registry: the
+    real one takes them once, when an agent starts."""
+    scratch = CollectorRegistry()
+    job = common_pb2.JobProgress(job_id="j", ranks=[common_pb2.RankProgress(
+        rank=0, answered=True, step_s=0.1, in_flight_s=0.01,
+        timings=[common_pb2.CollectiveTiming(group="0", done=5, window=5, mean_s=0.02)])],
+        peers=[common_pb2.PeerStats(address="10.0.0.2", rtt_ms=0.3)])  # fmt: skip
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(metrics, "AGENT", scratch)
+        metrics.watch_ranks(lambda: [job])
+    return scratch
+
+
 @functools.cache
 def exported() -> dict[str, Family]:
     """Every family the coordinator and the agents export, by name."""
     families: dict[str, Family] = {}
-    for registry in (metrics.COORDINATOR, metrics.AGENT, _census_registry()):
+    for registry in (metrics.COORDINATOR, metrics.AGENT, _census_registry(), _ranks_registry()):
         declared = _declared_labels(registry)
         for mf in registry.collect():
             assert mf.type in SUFFIXES, f"{mf.name}: no rule here for a {mf.type}'s series names"
