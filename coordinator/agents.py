@@ -93,7 +93,9 @@ def merge_streams(
             q.put((a.name, done))
 
     for a in agents:
-        threading.Thread(target=pump, args=(a,), daemon=True, name=f"stream-{a.name}").start()
+        # Threads of the shared cached pool: a stream per agent stays open until its node's
+        # upload ends, but the threads are not started anew for each of 2,048 agents.
+        parallel.CACHED.submit(pump, a)
     open_ = len(agents)
     while open_:
         name, ev = q.get()

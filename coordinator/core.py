@@ -436,16 +436,19 @@ class Coordinator:
         try:
             # Node 0 hosts the rendezvous server; every node's ranks are pointed at it.
             rdzv = agents[0].stub.OpenRdzv(open_rdzv_req(spec), timeout=90)
-            out = on_all(
-                agents,
-                lambda a: a.stub.Launch(
-                    agent_pb2.LaunchRequest(
-                        spec=spec.to_proto(), node_rank=agents.index(a), rdzv=rdzv,
-                        plane=plane, seal=self.checkpoint_key(spec),
-                    ),
-                    timeout=120,
-                ),
-            )
+            # Built once: the spec and key are the same for every node; a node's rank by name
+            # (agents.index per node compared whole handles, O(N^2) at thousands of nodes).
+            base = agent_pb2.LaunchRequest(spec=spec.to_proto(), rdzv=rdzv, plane=plane,
+                                           seal=self.checkpoint_key(spec))  # fmt: skip
+            node_rank = {a.name: i for i, a in enumerate(agents)}
+
+            def launch(a: AgentHandle) -> agent_pb2.NodeJob:
+                req = agent_pb2.LaunchRequest()
+                req.CopyFrom(base)
+                req.node_rank = node_rank[a.name]
+                return a.stub.Launch(req, timeout=120)
+
+            out = on_all(agents, launch)
             out.raise_first()
             if not caller_active():
                 raise errors.ServiceUnavailable(

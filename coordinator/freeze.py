@@ -28,7 +28,7 @@ from dataclasses import dataclass
 from datetime import UTC, datetime
 from typing import Any, TypeVar
 
-from snapshotter import errors
+from snapshotter import errors, parallel
 from snapshotter.coordinator.agents import AgentHandle, merge_streams, on_all
 from snapshotter.coordinator.decisions import pick_targets, snapshot_id
 from snapshotter.launch.spec import JobSpec
@@ -127,6 +127,10 @@ class FreezeOperation:
         self._quiesce_s = 0.0
         self._targets: dict[str, int] = {}
         self._spans: list[pb.Span] = []  # appended to from on_all's threads
+        # Phase calls in flight per node, and when the last one started (see _keep_alive).
+        self._calls_lock = threading.Lock()
+        self._in_flight: dict[str, int] = {}
+        self._called: dict[str, float] = {}
         # The data-link plane the ranks rebuild on at a resume (None: the one they had; a
         # restarted agent re-adopts its ranks on plane 0, so the coordinator always says).
         self.plane: int | None = None
@@ -155,12 +159,27 @@ class FreezeOperation:
 
         def timed(a: AgentHandle) -> R:
             start = time.time()
+            self._calling(a.name, +1)
             try:
                 return fn(a)
             finally:
+                self._calling(a.name, -1)
                 self._span(a.name, phase, start, time.time())
 
         return timed
+
+    def _calling(self, node: str, n: int) -> None:
+        """A phase call on `node` starts (+1) or ends (-1): each renews the agent's lease at
+        its start and holds it while in flight (agent/freeze.py), so `_keep_alive` need not."""
+        with self._calls_lock:
+            self._in_flight[node] = self._in_flight.get(node, 0) + n
+            if n > 0:
+                self._called[node] = time.monotonic()
+
+    def _needs_renewal(self, node: str, now: float) -> bool:
+        with self._calls_lock:
+            idle = not self._in_flight.get(node, 0)
+            return idle and now - self._called.get(node, 0.0) >= self.settings.keepalive_s
 
     def _span(self, node: str, phase: str, start: float, end: float, rank: int = -1) -> None:
         self._spans.append(pb.Span(node=node, rank=rank, phase=phase, start=start, end=end))
@@ -192,21 +211,39 @@ class FreezeOperation:
     def _keep_alive(self, done: threading.Event) -> None:
         """Renew every agent's lease on this freeze while it runs: a node that is quick in a
         phase must not give up while a slower one still works (agent/freeze.py: leases).
-        One loop per node, so that a node that does not answer never delays the others'."""
+        One thread ticks for all nodes; each renewal runs on its own (cached) thread and a
+        node whose last renewal has not come back is skipped, so a node that does not answer
+        never delays the others' (a thread per node would be 2,048 threads per freeze). A
+        node with a phase call in flight, or one started within `keepalive_s`, has its lease
+        renewed by that call: at 2,048 nodes, renewals nobody needs cost a phase's worth of
+        calls every `keepalive_s`."""
+        pending: set[str] = set()
+        lock = threading.Lock()
+        ks = self.settings.keepalive_s
 
-        def renew(name: str) -> None:
-            while not done.wait(self.settings.keepalive_s):
-                a = next((h for h in self.agents if h.name == name), None)
-                if a is None:
-                    return
-                try:
-                    a.stub.KeepFreeze(self._ref(), timeout=self.settings.keepalive_s)
-                except errors.SnapshotterError:
-                    pass  # the phase that needs it fails on its own
+        def renew(a: AgentHandle) -> None:
+            try:
+                a.stub.KeepFreeze(self._ref(), timeout=ks)
+            except errors.SnapshotterError:
+                pass  # the phase that needs it fails on its own
+            finally:
+                with lock:
+                    pending.discard(a.name)
 
-        for a in self.agents:
-            threading.Thread(target=renew, args=(a.name,), daemon=True,
-                             name=f"keep-{a.name}").start()  # fmt: skip
+        def tick() -> None:
+            while not done.wait(ks):
+                # self.agents: a node whose agent restarted is renewed at its new handle.
+                now = time.monotonic()
+                with lock:
+                    due = [
+                        a for a in self.agents
+                        if a.name not in pending and self._needs_renewal(a.name, now)
+                    ]  # fmt: skip
+                    pending.update(a.name for a in due)
+                for a in due:
+                    parallel.CACHED.submit(renew, a)
+
+        threading.Thread(target=tick, daemon=True, name=f"keep-{self.freeze_id}").start()
 
     def _quiesce(self) -> Iterator[coordinator_pb2.FreezeEvent]:
         """Prepare, park and suspend every rank (what a freeze and a migration share); sets

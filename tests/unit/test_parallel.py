@@ -50,3 +50,27 @@ def test_first_failure_is_not_called_when_all_succeed() -> None:
     out = parallel.each(["a", "b"], str.upper, key=lambda x: x,
                         first_failure=lambda it, e: calls.append(it))  # fmt: skip
     assert out.results == {"a": "A", "b": "B"} and calls == []
+
+
+def test_every_item_runs_at_once_on_threads_reused_across_rounds() -> None:
+    # Calls that wait for each other (a freeze's Park and Resume) must all be in flight at
+    # once: 64 calls meet at a 64-party barrier, which a bounded pool would never let them.
+    pool = parallel.CachedThreads(idle_s=5.0)
+    for _ in range(3):
+        barrier = threading.Barrier(64, timeout=10)
+        futs = [pool.submit(barrier.wait) for _ in range(64)]
+        assert sorted(f.result(timeout=10) for f in futs) == list(range(64))
+    # The second and third rounds found the first round's threads idle, not new ones.
+    assert pool.idle() == 64
+    assert sum(t.name.startswith("parallel-") for t in threading.enumerate()) >= 64
+
+
+def test_a_cached_thread_hands_back_failures_and_ends_when_idle() -> None:
+    pool = parallel.CachedThreads(idle_s=0.1)
+    with pytest.raises(ZeroDivisionError):
+        pool.submit(lambda: 1 / 0).result(timeout=5)
+    assert pool.submit(lambda: 7).result(timeout=5) == 7
+    deadline = time.monotonic() + 5
+    while pool.idle() and time.monotonic() < deadline:
+        time.sleep(0.05)
+    assert pool.idle() == 0

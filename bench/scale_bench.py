@@ -1,0 +1,85 @@
+"""The coordinator's control plane at scale (issue 17 part 4): for each number of agents, a
+real coordinator drives simulated agents x 8 ranks (tests/support/simagents.py: real Agent gRPC
+servers, heartbeating like `snapshotter agent`) through a launch and several freezes.
+
+Prints, per agents: the median seconds of each freeze phase as the coordinator saw it, the
+control-plane sum (prepare park suspend resume commit finish), growth against the first size,
+the coordinator's CPU seconds per freeze, its CPU per second of heartbeats alone, and its RSS.
+
+    .venv/bin/python bench/scale_bench.py [--agents 64,512,2048] [--runs 3] [--heartbeat-s 2]
+
+The simulated agents share this machine's cores with the coordinator: on few cores, their
+answering time is in the figures too (the coordinator's CPU per freeze is not).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+from tests.support.scale import FreezeTiming, ScaleRig, rss_mib, table  # noqa: E402
+
+
+def one_size(agents: int, runs: int, heartbeat_s: float, window_s: float) -> dict[str, object]:
+    with tempfile.TemporaryDirectory(prefix="scale-") as d, \
+            ScaleRig(Path(d), agents, heartbeat_s=heartbeat_s) as rig:  # fmt: skip
+        rss_idle = rss_mib()
+        launch_s = rig.launch()
+        timings: list[FreezeTiming] = []
+        for _ in range(runs):
+            timings.append(rig.freeze())
+        hb_cpu, beats = rig.heartbeat_cpu(window_s)
+        rig.check(freezes=runs)
+        return {
+            "agents": agents, "start_s": rig.start_s, "launch_s": launch_s,
+            "timings": timings, "hb_cpu": hb_cpu, "beats_per_s": beats / window_s,
+            "freeze_cpu_s": statistics.median(t.cpu_s for t in timings),
+            "rss_idle_mib": rss_idle, "rss_mib": rss_mib(),
+        }  # fmt: skip
+
+
+def main() -> int:
+    ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    ap.add_argument("--agents", default="64,512,2048")
+    ap.add_argument("--runs", type=int, default=3)
+    ap.add_argument("--heartbeat-s", type=float, default=2.0)
+    ap.add_argument("--window-s", type=float, default=6.0)
+    ap.add_argument("--json", action="store_true")
+    a = ap.parse_args()
+    rows: dict[int, list[FreezeTiming]] = {}
+    extra: dict[int, dict[str, str]] = {}
+    out = []
+    for n in (int(x) for x in a.agents.split(",")):
+        t0 = time.monotonic()
+        r = one_size(n, a.runs, a.heartbeat_s, a.window_s)
+        rows[n] = r["timings"]  # type: ignore[assignment]
+        extra[n] = {
+            "cpu/frz": f"{r['freeze_cpu_s']:.2f}",
+            "hb_cpu": f"{r['hb_cpu']:.3f}",
+            "hb/s": f"{r['beats_per_s']:.0f}",
+            "launch": f"{r['launch_s']:.2f}",
+            "rss_mib": f"{r['rss_mib']:.0f}",
+        }
+        out.append(
+            {k: v for k, v in r.items() if k != "timings"}
+            | {"phases": [t.phases for t in r["timings"]]}
+        )  # type: ignore[attr-defined]
+        print(f"# {n} agents done in {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
+    print(f"freeze phases, median of {a.runs} (s); heartbeats every {a.heartbeat_s}s per agent; "
+          "hb_cpu: coordinator CPU s per s of heartbeats alone")  # fmt: skip
+    print(table(rows, extra))
+    if a.json:
+        print(json.dumps(out, default=str))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,76 @@
+"""A freeze renews every node's lease from one ticking thread (not a thread per node), and a
+node that does not answer never holds up the others' renewals."""
+
+from __future__ import annotations
+
+import threading
+import time
+from typing import Any
+
+from snapshotter import errors
+from snapshotter.coordinator.freeze import FreezeOperation, FreezeSettings
+from snapshotter.launch.spec import JobSpec
+from snapshotter.rpc.client import Target
+
+
+class _Stub:
+    def __init__(self, hang: threading.Event | None) -> None:
+        self.renewals = 0
+        self.hang = hang
+
+    def KeepFreeze(self, ref: Any, timeout: float) -> None:  # noqa: N802 - the gRPC method
+        self.renewals += 1
+        if self.hang is not None:
+            self.hang.wait(10)  # longer than its deadline: a call stuck in the transport
+            raise errors.ServiceUnavailable("no answer", "wait")
+
+
+class _Agent:
+    def __init__(self, name: str, hang: threading.Event | None = None) -> None:
+        self.name = name
+        self.incarnation = ""
+        self.stub = _Stub(hang)
+        self.target = Target("unix:/nowhere")
+
+
+def test_every_node_is_renewed_and_a_silent_one_delays_no_other() -> None:
+    released = threading.Event()
+    agents = [_Agent(f"n{i}") for i in range(200)] + [_Agent("silent", hang=released)]
+    spec = JobSpec("j", "t.py", [], False, "python", "/", {})
+    op = FreezeOperation(spec, agents, store=None, stop=False,  # type: ignore[arg-type]
+                         settings=FreezeSettings(keepalive_s=0.1), on_committed=print)  # fmt: skip
+    before = threading.active_count()
+    done = threading.Event()
+    op._keep_alive(done)
+    try:
+        time.sleep(0.65)
+        assert threading.active_count() - before < 150  # not a thread per node
+    finally:
+        done.set()
+        released.set()
+    renewed = [a.stub.renewals for a in agents[:-1]]
+    assert min(renewed) >= 4, renewed  # ~6 ticks, whatever the silent node does
+    assert agents[-1].stub.renewals == 1  # still in flight: never asked twice at once
+
+
+def test_a_node_with_a_phase_call_in_flight_or_just_made_is_not_renewed() -> None:
+    agents = [_Agent("busy"), _Agent("recent"), _Agent("idle")]
+    spec = JobSpec("j", "t.py", [], False, "python", "/", {})
+    op = FreezeOperation(spec, agents, store=None, stop=False,  # type: ignore[arg-type]
+                         settings=FreezeSettings(keepalive_s=0.2), on_committed=print)  # fmt: skip
+    release = threading.Event()
+    # A phase call that stays in flight on "busy" (as a Dump does) holds its lease.
+    threading.Thread(target=op._timed("dump", lambda a: release.wait(5)), args=(agents[0],),
+                     daemon=True).start()  # fmt: skip
+    done = threading.Event()
+    op._keep_alive(done)
+    t_end = time.monotonic() + 0.9
+    try:
+        while time.monotonic() < t_end:  # "recent" answers a phase call every 0.1 s
+            op._timed("park", lambda a: None)(agents[1])
+            time.sleep(0.1)
+    finally:
+        done.set()
+        release.set()
+    assert agents[0].stub.renewals == 0 and agents[1].stub.renewals == 0
+    assert agents[2].stub.renewals >= 3
