@@ -26,6 +26,8 @@ from tests.support.multinode import (
     Deployment,
     Op,
     pids_in_node,
+    qdisc,
+    rank_pid,
     rank_sandbox_pids,
     read_json,
     skip_without_nodes,
@@ -751,16 +753,6 @@ def _bad_ports(report: dict) -> dict[tuple[str, int], str]:
             if i["status"] != "healthy"}  # fmt: skip
 
 
-def _qdisc(node: Any, plane: int, spec: str | None) -> None:
-    """Shape node's data link `plane` at both ends of its veth (egress each way)."""
-    for argv in (["tc", "qdisc", "del" if spec is None else "replace", "dev",
-                  node.link_host_ends[plane], "root"],
-                 ["ip", "netns", "exec", node.netns, "tc", "qdisc",
-                  "del" if spec is None else "replace", "dev", node.links[plane], "root"]):
-        subprocess.run([*argv, *(spec.split() if spec else [])], check=spec is not None,
-                       capture_output=True, timeout=30)  # fmt: skip
-
-
 def test_audit_names_a_slow_link_a_lossy_link_and_a_node_without_storage(
     deployment: Deployment,
 ) -> None:
@@ -770,7 +762,7 @@ def test_audit_names_a_slow_link_a_lossy_link_and_a_node_without_storage(
     exactly the bad link or node is named and the exit code fails the acceptance."""
     b, c = deployment.cluster["b"], deployment.cluster["c"]
     try:
-        _qdisc(b, 1, "tbf rate 20mbit burst 32kbit latency 50ms")
+        qdisc(b, 1, "tbf rate 20mbit burst 32kbit latency 50ms")
         code, report = _audit(deployment, "--link-mib", "8", "--storage-mib", "1")
         assert report["rounds"] == 6 and len(report["links"]) == 6, report
         assert code == 18 and _bad_ports(report) == {("b", 1): "failed"}, report["interfaces"]
@@ -778,13 +770,13 @@ def test_audit_names_a_slow_link_a_lossy_link_and_a_node_without_storage(
         assert "throughput" in slow["why"][0], slow
         assert not [n for n in report["nodes"] if n["status"] == "failed"], report["nodes"]
 
-        _qdisc(b, 1, "tbf rate 500mbit burst 16kb limit 16kb")
+        qdisc(b, 1, "tbf rate 500mbit burst 16kb limit 16kb")
         code, report = _audit(deployment, "--link-mib", "8", "--storage-mib", "1")
         assert code == 18 and set(_bad_ports(report)) == {("b", 1)}, report["interfaces"]
         lossy = [i for i in report["interfaces"] if (i["node"], i["plane"]) == ("b", 1)][0]
         assert lossy["retrans"] > 0.01, lossy
     finally:
-        _qdisc(b, 1, None)
+        qdisc(b, 1, None)
     host = deployment.cluster.host_ip
     subprocess.run(["ip", "-n", c.netns, "route", "add", "prohibit", f"{host}/32"], check=True,
                    capture_output=True, timeout=30)  # fmt: skip
@@ -796,22 +788,6 @@ def test_audit_names_a_slow_link_a_lossy_link_and_a_node_without_storage(
     failed = {n["node"]: n["why"] for n in report["nodes"] if n["status"] == "failed"}
     assert code == 18 and list(failed) == ["c"], report["nodes"]
     assert failed["c"][0].startswith("storage:"), failed
-
-
-def _rank_pid(dep: Deployment, node: str, job: str, rank: int) -> int:
-    """The host pid of rank `rank` of `job` (the hooked Python in its sandbox on `node`)."""
-    for pid in pids_in_node(dep.cluster, node):
-        try:
-            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
-            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
-        except OSError:
-            continue
-        # Not its sandbox's init, whose command line and environment are the rank's too.
-        if (b"snapshotter.hook.bootstrap" in argv and f"RANK={rank}".encode() in env
-                and f"SNAPSHOTTER_JOB_ID={job}".encode() in env
-                and not argv.split(b"\0")[0].endswith(b"snapinit")):  # fmt: skip
-            return pid
-    raise AssertionError(f"no process of rank {rank} of job {job} on node {node}")
 
 
 def _top_until(dep: Deployment, job: str, cond: Any, what: str, timeout: float = 120,
@@ -844,7 +820,7 @@ def test_top_names_a_cpu_limited_rank_then_the_rank_a_hang_waits_on(
             "every rank stepping")  # fmt: skip
         assert {(x["rank"], x["node"]) for x in first["ranks"]} == {
             (0, "a"), (1, "a"), (2, "b"), (3, "b")}, first
-        with cpu_limit(_rank_pid(deployment, "b", job, 3), 0.03):
+        with cpu_limit(rank_pid(deployment, "b", job, 3), 0.03):
             t0 = cli.steps(job, 0)[-1]
             report, samples = _top_until(deployment, job,
                                          lambda r: r.get("slowest_rank", -1) == 3,
@@ -863,7 +839,7 @@ def test_top_names_a_cpu_limited_rank_then_the_rank_a_hang_waits_on(
         print(f"\ntop named the CPU-limited rank after {samples} sample(s), {steps} step(s): "
               f"{report['findings']}")
 
-        pid = _rank_pid(deployment, "a", job, 1)
+        pid = rank_pid(deployment, "a", job, 1)
         os.kill(pid, signal.SIGSTOP)
         try:
             report, _ = _top_until(deployment, job, lambda r: r.get("waits_on", -1) == 1,
@@ -892,13 +868,13 @@ def test_top_names_a_slow_link(deployment: Deployment, tmp_path: Path) -> None:
     try:
         _top_until(deployment, job, lambda r: len(r.get("links", [])) == 3
                    and not r.get("slowest_link"), "three healthy links")  # fmt: skip
-        _qdisc(b, 0, "tbf rate 20mbit burst 32kbit latency 50ms")
+        qdisc(b, 0, "tbf rate 20mbit burst 32kbit latency 50ms")
         try:
             report, samples = _top_until(deployment, job,
                                          lambda r: r.get("slowest_link") == "b (every link)",
                                          "node b's link named")  # fmt: skip
         finally:
-            _qdisc(b, 0, None)
+            qdisc(b, 0, None)
         rtt = {(x["a"], x["b"]): x["rtt_ms"] for x in report["links"]}
         assert min(rtt[("a", "b")], rtt[("b", "c")]) > 3 * rtt[("a", "c")], rtt
         print(f"\ntop named node b's slowed link after {samples} sample(s): {rtt}")

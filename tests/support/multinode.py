@@ -424,3 +424,29 @@ def pids_in_node(cluster: Cluster, name: str) -> list[int]:
 def read_json(path: Path) -> dict[str, Any]:
     data: dict[str, Any] = json.loads(path.read_text())
     return data
+
+
+def rank_pid(dep: Deployment, node: str, job: str, rank: int) -> int:
+    """The host pid of rank `rank` of `job` (the hooked Python in its sandbox on `node`)."""
+    for pid in pids_in_node(dep.cluster, node):
+        try:
+            argv = Path(f"/proc/{pid}/cmdline").read_bytes()
+            env = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        except OSError:
+            continue
+        # Not its sandbox's init, whose command line and environment are the rank's too.
+        if (b"snapshotter.hook.bootstrap" in argv and f"RANK={rank}".encode() in env
+                and f"SNAPSHOTTER_JOB_ID={job}".encode() in env
+                and not argv.split(b"\0")[0].endswith(b"snapinit")):  # fmt: skip
+            return pid
+    raise LookupError(f"no process of rank {rank} of job {job} on node {node}")
+
+
+def qdisc(node: Any, plane: int, spec: str | None) -> None:
+    """Shape node's data link `plane` at both ends of its veth (egress each way)."""
+    for argv in (["tc", "qdisc", "del" if spec is None else "replace", "dev",
+                  node.link_host_ends[plane], "root"],
+                 ["ip", "netns", "exec", node.netns, "tc", "qdisc",
+                  "del" if spec is None else "replace", "dev", node.links[plane], "root"]):
+        subprocess.run([*argv, *(spec.split() if spec else [])], check=spec is not None,
+                       capture_output=True, timeout=30)  # fmt: skip
