@@ -50,6 +50,7 @@ from snapshotter.coordinator.decisions import pick_targets  # noqa: E402
 from snapshotter.gpu.cuda import CudaDriver, detect  # noqa: E402
 from snapshotter.gpu.stage import GpuStage, GpuStageSettings  # noqa: E402
 from snapshotter.hook import protocol  # noqa: E402
+from snapshotter.hook.barrier import CHANNEL_MARK  # noqa: E402
 from snapshotter.launch.env import placements, rank_argv, rank_env, resume_env  # noqa: E402
 from snapshotter.sandbox import criu  # noqa: E402
 from snapshotter.sandbox.spawn import PRIVATE_TMP, Sandbox, become_subreaper, spawn  # noqa: E402
@@ -179,6 +180,23 @@ class Job:
         self.store.stop()
 
 
+def telemetry(job: Job) -> dict[int, Any]:
+    """What each rank's hook says of its latest steps and collectives (what `snapshotter top`
+    reads): on NCCL groups the Python path stamps each op's latency when the rank sees it
+    done; on gloo the native gate stamps it on the op's completion."""
+    out: dict[int, Any] = {}
+    for r, ch in enumerate(job.channels):
+        p = ch.progress(5.0)
+        if p is None:
+            out[r] = None
+            continue
+        out[r] = {"steps": p.steps, "step_ms": round(p.step_s * 1e3, 2),
+                  "groups": {k: {"done": t.done, "mean_ms": round(t.mean_s * 1e3, 3),
+                                 "aligned": len(t.recent)}
+                             for k, t in p.timings.items() if CHANNEL_MARK not in k}}  # fmt: skip
+    return out
+
+
 def case(name: str, nproc: int, extra: list[str], a: argparse.Namespace, stage: GpuStage,
          fake: Any, work: Path) -> dict[str, Any]:
     args = ["--steps", str(a.steps), "--device", a.device, "--width", str(a.width),
@@ -207,6 +225,14 @@ def case(name: str, nproc: int, extra: list[str], a: argparse.Namespace, stage: 
 
             for sb in job.sandboxes:
                 fake.add_process(sandbox_pids(sb.pid)[0])
+        tele = telemetry(job)
+        res["telemetry"] = tele
+        # A single process has no group, hence no collectives to time.
+        res["telemetry_ok"] = all(
+            t is not None and t["step_ms"] > 0 and (bool(t["groups"]) or nproc == 1)
+            and all(g["done"] > 0 and g["mean_ms"] > 0 for g in t["groups"].values())
+            for t in tele.values()
+        )
         fid = f"f{uuid.uuid4().hex[:8]}"
         t_park = time.monotonic()
         job.quiesce(fid)
@@ -437,7 +463,7 @@ def main() -> int:
             continue
         r["wall_s"] = round(time.monotonic() - t0, 1)
         out(**r)
-        ok = ok and r["freeze_continue_identical"] and r["thaw_identical"]
+        ok = ok and r["freeze_continue_identical"] and r["thaw_identical"] and r["telemetry_ok"]
     if a.case in ("migrate", "all"):
         t0 = time.monotonic()
         try:

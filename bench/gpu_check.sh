@@ -4,7 +4,9 @@
 # new sandbox while the other stays in memory (issue 12); each must finish bit-identical to
 # an uninterrupted run. Also saves 1 GiB of CUDA state with dcp.async_save through
 # snapshotter.checkpoint (issue 16) and loads it back, and pushes 1 GiB of CUDA weights from
-# one agent's job to another's (snapshotter.weights).
+# one agent's job to another's (snapshotter.weights). Each freeze case first reads every rank's
+# telemetry (step time, collective latencies: what `snapshotter top` judges; NCCL on the
+# hook's Python path).
 # Prints one JSON line per case (GB/s of GPU state captured/restored, stall) and a summary.
 #
 # The device machine has torch + cuda-python but no package registry and no CRIU, so CRIU,
