@@ -2,12 +2,14 @@
 
     slowest rank  A collective completes only once every member issued it: the member that
                   issues last waits least, its peers wait for it. On the job's main group (the
-                  one with the most collectives), lined up by sequence number, the rank with
-                  the lowest latency (the last to join) most often is the straggler when it
-                  stands out: last in at least `last_share_needed(N)` of them (twice its
-                  share were all N ranks alike, within [0.25, 0.6]) and twice as often as any
-                  other rank, its peers waiting for it a noticeable part of a step
-                  (STEP_SHARE) and at least MIN_GAP_S. Its node is the slowest node. (A mean
+                  one with the most collectives), lined up by sequence number, a collective
+                  whose ranks' latencies differ by MIN_GAP_S or more waited for its last
+                  member (the one with the lowest latency); one where they all arrived
+                  together says nothing of who is slow. The rank last in most of those is the
+                  straggler when it stands out: last in at least `last_share_needed(N)` of
+                  them (twice its share were all N ranks alike, within [0.25, 0.6]) and twice
+                  as often as any other rank, its peers waiting for it at least STEP_SHARE of
+                  a step. Its node is the slowest node. (A mean
                   would not do: a rank slowed as a whole, its communicator's threads too, has
                   long latencies of its own, yet it still is the last to join most of them.)
     slowest link  Per node pair, the worst smoothed RTT of the ranks' connections between them
@@ -73,10 +75,12 @@ class Link:
 
 @dataclass(frozen=True)
 class Lateness:
-    """Over the collectives of the main group every rank reported (`aligned`): the share
-    each rank joined last, and by how much its peers' median latency exceeded its own then."""
+    """Over the collectives of the main group every rank reported (`aligned`), those that
+    waited for their last member (`decisive`): the share of those each rank joined last, and
+    by how much its peers' median latency exceeded its own then."""
 
     aligned: int = 0
+    decisive: int = 0
     share: Mapping[int, float] = field(default_factory=dict)
     gaps: Mapping[int, list[float]] = field(default_factory=dict)
 
@@ -125,7 +129,8 @@ def rows(nodes: Sequence[common_pb2.JobProgress]) -> list[RankRow]:
 class Straggler:
     row: RankRow
     waited_s: float  # its peers wait for it this long a step (a collective: steps not counted)
-    share: float  # it was the last to join this share of the collectives lined up
+    share: float  # it was the last to join this share of the collectives that waited
+    decisive: int  # how many collectives waited for their last member
     aligned: int  # how many collectives every rank reported
 
 
@@ -138,10 +143,12 @@ def lateness(rs: Sequence[RankRow]) -> Lateness:
     for q in common:
         lat = sorted((r.recent[q], r.rank) for r in timed)
         low, who = lat[0]
-        gaps.setdefault(who, []).append(statistics.median(x for x, _ in lat[1:]) - low)
-    n = len(common)
-    return Lateness(n, {r.rank: len(gaps.get(r.rank, [])) / n if n else 0.0 for r in timed},
-                    gaps)  # fmt: skip
+        gap = statistics.median(x for x, _ in lat[1:]) - low
+        if gap >= MIN_GAP_S:
+            gaps.setdefault(who, []).append(gap)
+    n = sum(len(g) for g in gaps.values())
+    share = {r.rank: len(gaps.get(r.rank, [])) / n if n else 0.0 for r in timed}
+    return Lateness(len(common), n, share, gaps)
 
 
 def last_share_needed(n: int) -> float:
@@ -153,7 +160,7 @@ def last_share_needed(n: int) -> float:
 def straggler(rs: Sequence[RankRow], late: Lateness | None = None) -> Straggler | None:
     """The rank its peers wait for, if one stands out."""
     late = late or lateness(rs)
-    if late.aligned < MIN_ALIGNED or not late.gaps:
+    if late.decisive < MIN_ALIGNED:
         return None
     who, gaps = max(late.gaps.items(), key=lambda kv: (len(kv[1]), -kv[0]))
     share = late.share[who]
@@ -161,12 +168,14 @@ def straggler(rs: Sequence[RankRow], late: Lateness | None = None) -> Straggler 
     if share < last_share_needed(len(late.share)) or share < LAST_LEAD * runner_up:
         return None
     row = next(r for r in rs if r.rank == who)
-    waited = statistics.median(gaps) * (row.per_step or 1.0)
+    # What its peers waited for it, spread over every collective lined up, times how many a
+    # step has: a wait in one of a step's two allreduces is half the mean of the two.
+    waited = sum(gaps) / late.aligned * (row.per_step or 1.0)
     timed = [r for r in rs if r.answered and r.step_s]
     step = statistics.median([r.step_s for r in timed] or [0.0])
-    if waited < MIN_GAP_S or (step and waited < STEP_SHARE * step):
+    if step and waited < STEP_SHARE * step:
         return None
-    return Straggler(row, waited, share, late.aligned)
+    return Straggler(row, waited, share, late.decisive, late.aligned)
 
 
 def links(nodes: Sequence[common_pb2.JobProgress], owner: Mapping[str, str]) -> list[Link]:
@@ -228,7 +237,8 @@ def judge(
         v.slowest_rank, v.slowest_node = low.rank, low.node
         v.findings.append(
             f"slowest rank: {low.rank} on node {low.node}: the last to join "
-            f"{found.share:.0%} of the latest {found.aligned} collectives; its peers wait "
+            f"{found.share:.0%} of the {found.decisive} collectives (of the latest "
+            f"{found.aligned}) that waited for someone; its peers wait "
             f"{found.waited_s * 1000:.0f} ms for it a {'step' if low.step_s else 'collective'}"
         )
     v.slowest_link = slow_link(v.links)

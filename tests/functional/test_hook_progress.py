@@ -65,7 +65,10 @@ def until(what: str, cond: Callable[[], bool], timeout: float = 60.0) -> None:
 
 
 @pytest.fixture()
-def running(tmp_path: Path) -> Iterator[Running]:
+def running(tmp_path: Path, request: pytest.FixtureRequest) -> Iterator[Running]:
+    """The job, on the hook's native path; `@pytest.mark.parametrize("running", [{...}],
+    indirect=True)` adds to its environment."""
+    extra_env = dict(getattr(request, "param", {}))
     home = tmp_path / "home"
     settings = NodeSettings(
         name="n0", paths=Paths(home), freeze_lease_s=0, policy=ExecPolicy(anything=True)
@@ -78,7 +81,7 @@ def running(tmp_path: Path) -> Iterator[Running]:
                     [agent_service.SERVICE])  # fmt: skip
         client = agent_client(Target(f"unix:{sock}"))
         env = {"PATH": os.environ.get("PATH", ""), "PYTHONPATH": str(REPO),
-               "SLOW_RANK": f"1:{SLOW_S}"}  # fmt: skip
+               "SLOW_RANK": f"1:{SLOW_S}", **extra_env}  # fmt: skip
         spec = JobSpec(
             job_id=JOB, script=str(SCRIPT), script_args=[], module=False,
             python=sys.executable, cwd=str(REPO), env=env, nnodes=1, nproc_per_node=2,
@@ -141,9 +144,16 @@ def test_steps_and_counts_advance_while_training(running: Running) -> None:
         assert all(b.counts[g] > a.counts[g] for g in a.counts), (a.counts, b.counts)
 
 
+# The Python path (no native build, or NCCL groups) stamps completion when the rank sees an
+# op done instead of on the op's future: the same verdict.
+@pytest.mark.parametrize("running", [{}, {"SNAPSHOTTER_NATIVE_HOOK": "0"}], indirect=True,
+                         ids=["native", "python-path"])  # fmt: skip
 def test_telemetry_names_the_rank_its_peer_waits_for(running: Running) -> None:
     until("20 more steps (a full window of step times)", lambda: "step 60 " in running.log(0))
     p = answered_by(running.rpc)
+    native = running.job.spec.env.get("SNAPSHOTTER_NATIVE_HOOK") != "0"
+    for r in running.job.ranks:  # the path the test asked for is the one the ranks took
+        assert r.channel.request(protocol.ping(), 5).get("native") is native
     r = by_rank(p)
     assert p.node == "n0"
     for rank in (0, 1):

@@ -43,12 +43,14 @@ def test_the_rank_its_peers_wait_for_is_the_slowest() -> None:
     nodes = [node("a", rank(0, 0.030), rank(1, 0.028)), node("b", rank(2, 0.002), rank(3, 0.031))]
     v = rules.judge(nodes, {}, hang_s=10)
     assert (v.slowest_rank, v.slowest_node, v.waits_on) == (2, "b", None)
-    assert v.late.aligned == 32 and v.late.share == {0: 0.0, 1: 0.0, 2: 1.0, 3: 0.0}
+    assert (v.late.aligned, v.late.decisive) == (32, 32)
+    assert v.late.share == {0: 0.0, 1: 0.0, 2: 1.0, 3: 0.0}
     row = {r.rank: r for r in v.rows}
     assert abs(row[0].wait_s - 0.060) < 1e-9 and abs(row[0].busy_s - 0.040) < 1e-9
     assert row[2].busy_s > row[0].busy_s
-    assert v.findings == ["slowest rank: 2 on node b: the last to join 100% of the latest 32 "
-                          "collectives; its peers wait 56 ms for it a step"]  # fmt: skip
+    assert v.findings == ["slowest rank: 2 on node b: the last to join 100% of the 32 "
+                          "collectives (of the latest 32) that waited for someone; its peers "
+                          "wait 56 ms for it a step"]  # fmt: skip
 
 
 def test_a_rank_slowed_as_a_whole_is_last_though_its_mean_is_not_low() -> None:
@@ -63,6 +65,18 @@ def test_a_rank_slowed_as_a_whole_is_last_though_its_mean_is_not_low() -> None:
     v = rules.judge(nodes, {}, hang_s=10)
     assert (v.slowest_rank, v.slowest_node) == (3, "b"), v.findings
     assert "its peers wait 30 ms for it a step" in v.findings[0]
+
+
+def test_collectives_that_waited_for_no_one_say_nothing() -> None:
+    # Two allreduces a step: the first waits 50 ms for rank 1, in the second both arrive
+    # together and either may look last by a hair. Rank 1 is named, and its peer waits
+    # 50 ms a step for it (not 100: one of the two waited).
+    r0 = [0.05 if i % 2 == 0 else 0.0003 for i in range(64)]
+    r1 = [0.001 if i % 2 == 0 else 0.0004 for i in range(64)]
+    v = rules.judge([node("a", rank(0, r0, step_s=0.075), rank(1, r1, step_s=0.075))], {},
+                    hang_s=10)  # fmt: skip
+    assert (v.late.aligned, v.late.decisive) == (64, 32) and v.slowest_rank == 1, v.findings
+    assert "its peers wait 49 ms for it a step" in v.findings[0], v.findings
 
 
 def test_standing_out_is_relative_to_how_many_ranks_there_are() -> None:
