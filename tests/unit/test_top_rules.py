@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 from snapshotter.agent import peers
+from snapshotter.coordinator import top
 from snapshotter.coordinator import top_rules as rules
 from snapshotter.hook import telemetry
 from snapshotter.hook.barrier import channel
@@ -207,3 +208,16 @@ def test_ss_output_per_peer() -> None:
     assert p.bytes_sent == 5242880 + 2097152 and p.bytes_retrans == 2896
     assert p.delivery_bps == 19.8e6
     assert peers.by_peer(conns, set()) == [] and peers.parse("garbage\n\tmore") == []
+
+
+def test_the_report_of_a_busy_job_asks_no_rank_and_of_a_running_one_names() -> None:
+    busy = common_pb2.JobProgress(job_id="j", node="a", busy=True,
+                                  ranks=[common_pb2.RankProgress(rank=0)])  # fmt: skip
+    rep = top.report("j", [busy, node("b", rank(1, 0.01))], {}, hang_s=10)
+    assert rep.busy and not rep.ranks and rep.slowest_rank == -1 and rep.waits_on == -1
+    assert rep.findings == ["a freeze or thaw holds the job: its ranks were not asked"]
+    nodes = [node("a", rank(0, 0.030), rank(1, 0.028)), node("b", rank(2, 0.002), rank(3, 0.031))]
+    rep = top.report("j", nodes, {}, hang_s=10)
+    assert (rep.slowest_rank, rep.slowest_node, rep.waits_on, rep.aligned) == (2, "b", -1, 32)
+    assert [(r.rank, r.node, round(r.last_share, 2)) for r in rep.ranks] == [
+        (0, "a", 0.0), (1, "a", 0.0), (2, "b", 1.0), (3, "b", 0.0)]
