@@ -328,7 +328,7 @@ def suspect(c: Coordinator, rec: JobRecord, now: float) -> tuple[int, int, float
     to = other_plane(rec.plane, [c.link_usable(h) for h in handles])
     if to is None:
         return None
-    ref = common_pb2.JobRef(job_id=rec.spec.job_id)
+    ref = common_pb2.ProgressRequest(job_id=rec.spec.job_id)
     out = on_all(handles, lambda a: a.stub.Progress(ref, timeout=5))
     if out.failures or any(p.busy for p in out.results.values()):
         return None

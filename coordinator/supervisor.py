@@ -208,7 +208,7 @@ class Supervisor:
         pol = policy_of(rec)
         if pol.every_steps is None and not pol.auto and not rec.recovers:
             return None
-        ref = common_pb2.JobRef(job_id=rec.spec.job_id)
+        ref = common_pb2.ProgressRequest(job_id=rec.spec.job_id)
         out = on_all(self.c.job_handles(rec), lambda a: a.stub.Progress(ref, timeout=5))
         if out.failures or any(p.busy for p in out.results.values()):
             return None

@@ -77,7 +77,7 @@ def run(c: Coordinator, req: pb.TopRequest) -> pb.TopReport:
     if not handles:
         raise errors.ServiceUnavailable(f"no node of job {req.job_id} is live",
                                  "see `snapshotter status` for its state")  # fmt: skip
-    ref = common_pb2.JobRef(job_id=req.job_id)
+    ref = common_pb2.ProgressRequest(job_id=req.job_id, peers=True)
     out = on_all(handles, lambda a: a.stub.Progress(ref, timeout=10))
     if out.failures:
         node, e = next(iter(out.failures.items()))

@@ -216,7 +216,8 @@ class NodeAgent:
         job.wait(timeout)
         return job
 
-    def progress(self, job_id: str, timeout: float = PROGRESS_TIMEOUT_S) -> common_pb2.JobProgress:
+    def progress(self, job_id: str, timeout: float = PROGRESS_TIMEOUT_S, peers: bool = False
+                 ) -> common_pb2.JobProgress:  # fmt: skip
         """Each of the job's ranks here: optimizer steps and collectives issued per group, or
         that it did not answer within `timeout` and its process state (agent/progress.py).
         A job a freeze or thaw holds is `busy`, and no rank is asked.
@@ -225,7 +226,7 @@ class NodeAgent:
             JobNotFound: no such job here.
             InvalidArgument: `timeout` is not in (0, PROGRESS_TIMEOUT_S].
         """
-        reply = sample_progress(self.jobs.get(job_id), timeout)
+        reply = sample_progress(self.jobs.get(job_id), timeout, peers)
         reply.node = self.settings.name
         return reply
 
@@ -235,7 +236,7 @@ class NodeAgent:
         out = []
         for job_id in self.jobs.running_ids():
             try:
-                p = self.progress(job_id, timeout=0.5)
+                p = self.progress(job_id, timeout=0.5, peers=True)
             except errors.SnapshotterError:
                 continue
             if not p.busy:

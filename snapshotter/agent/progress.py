@@ -20,7 +20,7 @@ from __future__ import annotations
 import time
 
 from snapshotter import errors
-from snapshotter.agent import peers
+from snapshotter.agent import peers as connections
 from snapshotter.agent.runtime import NodeJob, RankRuntime
 from snapshotter.hook import protocol
 from snapshotter.procutil import first_child, proc_state
@@ -49,8 +49,10 @@ def _unanswered(r: RankRuntime) -> common_pb2.RankProgress:
     return m
 
 
-def sample(job: NodeJob, timeout: float = TIMEOUT_S) -> common_pb2.JobProgress:
-    """Every rank's progress on this node, or `busy` when a freeze or thaw holds the job.
+def sample(job: NodeJob, timeout: float = TIMEOUT_S, peers: bool = False
+           ) -> common_pb2.JobProgress:  # fmt: skip
+    """Every rank's progress on this node, or `busy` when a freeze or thaw holds the job;
+    with `peers`, also its ranks' connections to other nodes (agent/peers.py).
 
     Raises:
         InvalidArgument: `timeout` is not in (0, TIMEOUT_S]: a longer sample would hold up
@@ -106,11 +108,13 @@ def sample(job: NodeJob, timeout: float = TIMEOUT_S) -> common_pb2.JobProgress:
                 ],
             )
         )
+    if not peers:
+        return reply
     pids = {pid for r in job.alive_ranks() if (pid := first_child(r.sandbox.pid)) is not None}
     reply.peers.extend(
         common_pb2.PeerStats(address=p.address, connections=p.connections, rtt_ms=p.rtt_ms,
                              bytes_sent=p.bytes_sent, bytes_retrans=p.bytes_retrans,
                              delivery_bps=p.delivery_bps)  # fmt: skip
-        for p in peers.collect(pids)
+        for p in connections.collect(pids)
     )
     return reply

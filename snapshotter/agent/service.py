@@ -155,8 +155,8 @@ class AgentService(agent_pb2_grpc.AgentServicer):
     def Status(self, req: common_pb2.JobRef, ctx: Any) -> agent_pb2.NodeJob:
         return self.agent.status(req.job_id)
 
-    def Progress(self, req: common_pb2.JobRef, ctx: Any) -> common_pb2.JobProgress:
-        return self.agent.progress(req.job_id)
+    def Progress(self, req: common_pb2.ProgressRequest, ctx: Any) -> common_pb2.JobProgress:
+        return self.agent.progress(req.job_id, peers=req.peers)
 
     def Jobs(self, req: common_pb2.Empty, ctx: Any) -> agent_pb2.NodeJobList:
         return agent_pb2.NodeJobList(

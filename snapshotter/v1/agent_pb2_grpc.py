@@ -147,7 +147,7 @@ class AgentStub:
                 _registered_method=True)
         self.Progress = channel.unary_unary(
                 '/snapshotter.v1.Agent/Progress',
-                request_serializer=snapshotter_dot_v1_dot_common__pb2.JobRef.SerializeToString,
+                request_serializer=snapshotter_dot_v1_dot_common__pb2.ProgressRequest.SerializeToString,
                 response_deserializer=snapshotter_dot_v1_dot_common__pb2.JobProgress.FromString,
                 _registered_method=True)
         self.Jobs = channel.unary_unary(
@@ -346,6 +346,7 @@ class AgentServicer:
     def Progress(self, request, context):
         """Each rank's optimizer steps and collective counts, read without disturbing the ranks (for
         hang detection and step-based policies); a busy job (a freeze or thaw holds it) is not asked.
+        `peers`: also the ranks' connections to other nodes (`snapshotter top`, the metrics).
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -534,7 +535,7 @@ def add_AgentServicer_to_server(servicer, server):
             ),
             'Progress': grpc.unary_unary_rpc_method_handler(
                     servicer.Progress,
-                    request_deserializer=snapshotter_dot_v1_dot_common__pb2.JobRef.FromString,
+                    request_deserializer=snapshotter_dot_v1_dot_common__pb2.ProgressRequest.FromString,
                     response_serializer=snapshotter_dot_v1_dot_common__pb2.JobProgress.SerializeToString,
             ),
             'Jobs': grpc.unary_unary_rpc_method_handler(
@@ -1207,7 +1208,7 @@ class Agent:
             request,
             target,
             '/snapshotter.v1.Agent/Progress',
-            snapshotter_dot_v1_dot_common__pb2.JobRef.SerializeToString,
+            snapshotter_dot_v1_dot_common__pb2.ProgressRequest.SerializeToString,
             snapshotter_dot_v1_dot_common__pb2.JobProgress.FromString,
             options,
             channel_credentials,

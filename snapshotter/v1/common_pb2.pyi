@@ -306,6 +306,14 @@ class JobRef(_message.Message):
     job_id: str
     def __init__(self, job_id: _Optional[str] = ...) -> None: ...
 
+class ProgressRequest(_message.Message):
+    __slots__ = ("job_id", "peers")
+    JOB_ID_FIELD_NUMBER: _ClassVar[int]
+    PEERS_FIELD_NUMBER: _ClassVar[int]
+    job_id: str
+    peers: bool
+    def __init__(self, job_id: _Optional[str] = ..., peers: _Optional[bool] = ...) -> None: ...
+
 class WaitRequest(_message.Message):
     __slots__ = ("job_id", "timeout_s")
     JOB_ID_FIELD_NUMBER: _ClassVar[int]

@@ -50,7 +50,7 @@ class Running:
     job: NodeJob
 
     def rpc(self) -> common_pb2.JobProgress:
-        return self.client.stub.Progress(common_pb2.JobRef(job_id=JOB), timeout=10)
+        return self.client.stub.Progress(common_pb2.ProgressRequest(job_id=JOB), timeout=10)
 
     def log(self, rank: int) -> str:
         path = self.node.paths.log_file(JOB, rank)
