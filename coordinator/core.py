@@ -639,7 +639,32 @@ class Coordinator:
         rec = self._job(job_id)
         rec.life.cancelled = True  # on purpose: never recovered
         ref = common_pb2.JobRef(job_id=job_id)
-        on_all(self._handles(rec), lambda a: a.stub.Cancel(ref, timeout=60))
+        handles = self._handles(rec)
+
+        def cancel_on(agents: list[AgentHandle]) -> dict[str, BaseException]:
+            out = on_all(agents, lambda a: a.stub.Cancel(ref, timeout=60))
+            # A node that no longer knows the job has nothing left to end; a lost node's
+            # agent ends what its predecessor left when it comes back (agent/orphans.py).
+            live = self.live_agents()
+            return {n: e for n, e in out.failures.items()
+                    if n in live and not isinstance(e, errors.JobNotFound)}  # fmt: skip
+
+        failed = cancel_on(handles)
+        if failed:
+            # Once more, on the agents as registered now: a node whose agent just restarted
+            # refuses the old channel's handshake, and its ranks must not be left running.
+            time.sleep(1.0)
+            failed = cancel_on([a for a in self._handles(rec) if a.name in failed])
+        if failed:
+            node, e = next(iter(failed.items()))
+            cause = e.cause if isinstance(e, errors.SnapshotterError) else f"{type(e).__name__}"
+            log.warning("cancel of job %s: node(s) %s did not confirm: %s", job_id,
+                        ",".join(failed), e)  # fmt: skip
+            raise errors.ServiceUnavailable(
+                f"job {job_id} was cancelled on every node but {', '.join(failed)}, whose "
+                f"agent did not confirm ({cause}); its ranks there may still run",
+                f"retry `snapshotter cancel {job_id}`; see `snapshotter nodes` for node {node}",
+            )
         return self.status(job_id)
 
     def logs(self, req: common_pb2.LogsRequest) -> Iterator[common_pb2.LogChunk]:

@@ -115,17 +115,14 @@ class FakeAgent:
         )
         env.update(self.extra_env)
         if hook:
-            env.update(SNAPSHOTTER_CTL_IN="3", SNAPSHOTTER_CTL_OUT="4")
+            # The channel's fds keep their numbers in the rank (pass_fds); no preexec_fn: it
+            # makes subprocess fork() this threaded test process and run its at-fork handlers
+            # (grpc's among them) in the child before the exec.
+            env.update(SNAPSHOTTER_CTL_IN=str(cmd_r), SNAPSHOTTER_CTL_OUT=str(rep_w))
             argv = [PY, "-X", "faulthandler", "-m", "snapshotter.hook.bootstrap", self.script,
                     *self.args]  # fmt: skip
         else:
             argv = [PY, "-X", "faulthandler", self.script, *self.args]
-
-        def place_fds() -> None:
-            # Move to high numbers first so dup2 onto 3/4 cannot clobber the other end.
-            a, b = os.dup(cmd_r), os.dup(rep_w)
-            os.dup2(a, 3)
-            os.dup2(b, 4)
 
         proc = subprocess.Popen(
             argv,
@@ -134,8 +131,7 @@ class FakeAgent:
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
             text=True,
-            pass_fds=(3, 4),
-            preexec_fn=place_fds,
+            pass_fds=(cmd_r, rep_w),
         )
         os.close(cmd_r)
         os.close(rep_w)
