@@ -28,7 +28,8 @@ from collections import deque
 from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
 
-CHANNEL_MARK = "|p2p:"  # barrier.CHANNEL_MARK (this module imports nothing of the hook's)
+from snapshotter.hook.barrier import CHANNEL_MARK
+
 RING = 64  # latencies kept per group: about one step of a DDP job with many buckets, or more
 STEPS = 33  # step times kept: 32 durations
 
@@ -58,7 +59,7 @@ class Latencies:
     def forget(self, key: str) -> None:
         """A destroyed group: its channels go with it."""
         with self._lock:
-            for k in [k for k in self._rings if k == key or k.startswith(key + "|p2p:")]:
+            for k in [k for k in self._rings if k == key or k.startswith(key + CHANNEL_MARK)]:
                 del self._rings[k]
 
     def snapshot(self) -> dict[str, tuple[int, list[Entry]]]:
