@@ -24,7 +24,7 @@ from snapshotter import __version__, errors, metrics
 from snapshotter.agent.retention import jobs_to_forget
 from snapshotter.coordinator import detect, quotas, snapshots
 from snapshotter.coordinator import policy as policies
-from snapshotter.coordinator.agents import AgentHandle, on_all, open_rdzv_req
+from snapshotter.coordinator.agents import AgentHandle, call_all, on_all, open_rdzv_req
 from snapshotter.coordinator.decisions import (
     JobPhase,
     exit_code,
@@ -567,7 +567,7 @@ class Coordinator:
         if rec.busy == "THAWING":
             return []
         ref = common_pb2.JobRef(job_id=rec.spec.job_id)
-        out = on_all(self._handles(rec), lambda a: a.stub.Status(ref, timeout=10))
+        out = call_all(self._handles(rec), "Status", ref, 10)
         views = list(out.results.values())
         # A node that does not answer but still sends heartbeats may be an agent restarting
         # under its keeper (its ranks train on): not a failure until its heartbeat runs out.

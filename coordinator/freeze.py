@@ -29,7 +29,7 @@ from datetime import UTC, datetime
 from typing import Any, TypeVar
 
 from snapshotter import errors, parallel
-from snapshotter.coordinator.agents import AgentHandle, merge_streams, on_all
+from snapshotter.coordinator.agents import AgentHandle, call_all, on_all, stream_all
 from snapshotter.coordinator.decisions import pick_targets, snapshot_id
 from snapshotter.launch.spec import JobSpec
 from snapshotter.rpc import convert
@@ -154,19 +154,17 @@ class FreezeOperation:
             req.plane = self.plane
         return req
 
-    def _timed(self, phase: str, fn: Callable[[AgentHandle], R]) -> Callable[[AgentHandle], R]:
-        """`fn`, with how long it took on each agent kept as a span of `phase`."""
+    def _call(self, phase: str, method: str, request: Any, timeout: float | None,
+              agents: list[AgentHandle] | None = None) -> parallel.Outcome[str, Any]:  # fmt: skip
+        """`method` on every agent of the freeze (or `agents`) at once, each call kept as a
+        span of `phase` and counted in flight while it runs (see _keep_alive)."""
 
-        def timed(a: AgentHandle) -> R:
-            start = time.time()
-            self._calling(a.name, +1)
-            try:
-                return fn(a)
-            finally:
-                self._calling(a.name, -1)
-                self._span(a.name, phase, start, time.time())
+        def ended(a: AgentHandle, start: float, end: float) -> None:
+            self._calling(a.name, -1)
+            self._span(a.name, phase, start, end)
 
-        return timed
+        return call_all(self.agents if agents is None else agents, method, request, timeout,
+                        started=lambda a: self._calling(a.name, +1), ended=ended)  # fmt: skip
 
     def _calling(self, node: str, n: int) -> None:
         """A phase call on `node` starts (+1) or ends (-1): each renews the agent's lease at
@@ -253,8 +251,7 @@ class FreezeOperation:
         req = agent_pb2.PrepareRequest(
             job_id=self.spec.job_id, freeze_id=self.freeze_id, timeout_s=s.prepare_timeout
         )
-        out = on_all(self.agents, self._timed(
-            "prepare", lambda a: a.stub.Prepare(req, timeout=s.prepare_timeout + 10)))  # fmt: skip
+        out = self._call("prepare", "Prepare", req, s.prepare_timeout + 10)
         self._prepared = [a for a in self.agents if a.name in out.results]
         out.raise_first()
         counts: dict[int, dict[str, int]] = {}
@@ -268,8 +265,7 @@ class FreezeOperation:
             job_id=self.spec.job_id, freeze_id=self.freeze_id, targets=targets,
             timeout_s=s.quiesce_timeout,
         )  # fmt: skip
-        parked = on_all(self.agents, self._timed(
-            "park", lambda a: a.stub.Park(park, timeout=s.quiesce_timeout + 10)))  # fmt: skip
+        parked = self._call("park", "Park", park, s.quiesce_timeout + 10)
         parked.raise_first()
         missing = {rank: why for r in parked.results.values() for rank, why in r.missing.items()}
         if missing:
@@ -286,9 +282,7 @@ class FreezeOperation:
         yield _phase("suspend")
         self._suspended = True
         sus = self._phase_req(s.suspend_timeout)
-        on_all(self.agents, self._timed(
-            "suspend", lambda a: a.stub.Suspend(sus, timeout=s.suspend_timeout + 10)
-        )).raise_first()  # fmt: skip
+        self._call("suspend", "Suspend", sus, s.suspend_timeout + 10).raise_first()
 
     def _run(self) -> Iterator[coordinator_pb2.FreezeEvent]:
         t_start = time.monotonic()
@@ -299,8 +293,7 @@ class FreezeOperation:
 
         yield _phase("dump")
         t_dump = time.monotonic()
-        dumps = on_all(self.agents, self._timed(
-            "dump", lambda a: a.stub.Dump(self._ref(), timeout=None)))  # fmt: skip
+        dumps = self._call("dump", "Dump", self._ref(), None)
         dumps.raise_first()
         dump_s = time.monotonic() - t_dump
         for name, d in dumps.results.items():
@@ -324,7 +317,7 @@ class FreezeOperation:
         failures: dict[str, BaseException] = {}
         self._uploaded = True  # from here on, chunks may exist that a failure must remove
         up = self.upload_request()
-        for name, ev in merge_streams(self.agents, lambda a: a.stub.Upload(up)):
+        for name, ev in stream_all(self.agents, "Upload", up):
             if isinstance(ev, BaseException):
                 failures[name] = ev
             elif ev.HasField("progress"):
@@ -380,8 +373,7 @@ class FreezeOperation:
         fin = agent_pb2.FinishFreezeRequest(
             job_id=self.spec.job_id, freeze_id=self.freeze_id, stop=self.stop, committed=True
         )
-        on_all(self.agents, self._timed(
-            "finish", lambda a: a.stub.FinishFreeze(fin, timeout=60)))  # fmt: skip
+        self._call("finish", "FinishFreeze", fin, 60)
         stats.total_s = time.monotonic() - t_start
         stats.spans.extend(self._spans)
         yield pb.FreezeEvent(
@@ -391,8 +383,7 @@ class FreezeOperation:
     def _resume(self) -> None:
         s = self.settings
         req = self._phase_req(s.resume_timeout)
-        out = on_all(self.agents, self._timed(
-            "resume", lambda a: a.stub.Resume(req, timeout=s.resume_timeout + 10)))  # fmt: skip
+        out = self._call("resume", "Resume", req, s.resume_timeout + 10)
         self._resumed = True
         if out.failures:
             first = _first(out.failures)

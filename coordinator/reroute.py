@@ -30,7 +30,7 @@ from typing import TYPE_CHECKING
 
 from snapshotter import errors, metrics
 from snapshotter.coordinator import detect
-from snapshotter.coordinator.agents import AgentHandle, on_all
+from snapshotter.coordinator.agents import AgentHandle, call_all, on_all
 from snapshotter.coordinator.decisions import (
     JobPhase,
     bridge_routes,
@@ -329,7 +329,7 @@ def suspect(c: Coordinator, rec: JobRecord, now: float) -> tuple[int, int, float
     if to is None:
         return None
     ref = common_pb2.ProgressRequest(job_id=rec.spec.job_id)
-    out = on_all(handles, lambda a: a.stub.Progress(ref, timeout=5))
+    out = call_all(handles, "Progress", ref, 5)
     if out.failures or any(p.busy for p in out.results.values()):
         return None
     ranks = [r for p in out.results.values() for r in p.ranks if not r.HasField("exit_code")]

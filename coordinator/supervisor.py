@@ -27,7 +27,7 @@ from snapshotter import errors, metrics
 from snapshotter.config import gc_interval
 from snapshotter.coordinator import detect, gc, recover, reroute, snapshots
 from snapshotter.coordinator import policy as policies
-from snapshotter.coordinator.agents import on_all
+from snapshotter.coordinator.agents import call_all
 from snapshotter.coordinator.decisions import DEFAULT_HANG_DEADLINE_S, JobPhase
 from snapshotter.rpc import convert
 from snapshotter.v1 import common_pb2, coordinator_pb2
@@ -209,7 +209,7 @@ class Supervisor:
         if pol.every_steps is None and not pol.auto and not rec.recovers:
             return None
         ref = common_pb2.ProgressRequest(job_id=rec.spec.job_id)
-        out = on_all(self.c.job_handles(rec), lambda a: a.stub.Progress(ref, timeout=5))
+        out = call_all(self.c.job_handles(rec), "Progress", ref, 5)
         if out.failures or any(p.busy for p in out.results.values()):
             return None
         samples = [

@@ -14,7 +14,7 @@ from typing import TYPE_CHECKING
 
 from snapshotter import errors
 from snapshotter.coordinator import top_rules as rules
-from snapshotter.coordinator.agents import AgentHandle, on_all
+from snapshotter.coordinator.agents import AgentHandle, call_all
 from snapshotter.v1 import common_pb2
 from snapshotter.v1 import coordinator_pb2 as pb
 
@@ -78,7 +78,7 @@ def run(c: Coordinator, req: pb.TopRequest) -> pb.TopReport:
         raise errors.ServiceUnavailable(f"no node of job {req.job_id} is live",
                                  "see `snapshotter status` for its state")  # fmt: skip
     ref = common_pb2.ProgressRequest(job_id=req.job_id, peers=True)
-    out = on_all(handles, lambda a: a.stub.Progress(ref, timeout=10))
+    out = call_all(handles, "Progress", ref, 10)
     if out.failures:
         node, e = next(iter(out.failures.items()))
         cause = e.cause if isinstance(e, errors.SnapshotterError) else f"{type(e).__name__}: {e}"

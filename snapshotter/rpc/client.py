@@ -28,7 +28,7 @@ from snapshotter.v1 import agent_pb2_grpc, coordinator_pb2_grpc
 FENCE_KEY = "snapshotter-fence"
 # A client channel backs off after failed connects (up to 2 minutes by default): an agent
 # restarted on the same address must be reachable again within seconds.
-_CLIENT_OPTIONS = [
+CLIENT_OPTIONS = [
     *OPTIONS,
     ("grpc.initial_reconnect_backoff_ms", 200),
     ("grpc.min_reconnect_backoff_ms", 200),
@@ -88,17 +88,23 @@ def _never_sent(e: grpc.RpcError) -> bool:
     return code == grpc.StatusCode.UNAVAILABLE and _NOT_SENT in (details or "")
 
 
+def call_metadata(target: Target, peer: str) -> tuple[tuple[str, str], ...]:
+    """What every call to `target` carries: our release, who calls (cli, coordinator, agent),
+    the bearer token if one is configured, the coordinator's fencing token on calls to agents."""
+    md = [(VERSION_KEY, __version__), (PEER_KEY, peer)]
+    if target.token:
+        md.append(("authorization", f"Bearer {target.token}"))
+    if target.fence is not None:
+        md.append((FENCE_KEY, f"{target.fence[0]}:{target.fence[1]}"))
+    return tuple(md)
+
+
 class _Calls(grpc.UnaryUnaryClientInterceptor, grpc.UnaryStreamClientInterceptor):
     def __init__(self, target: Target, peer: str, server: str) -> None:
         self.target = target
         self.server = server
         self.retries = CLI_RETRY_S if peer == "cli" else ()
-        md = [(VERSION_KEY, __version__), (PEER_KEY, peer)]
-        if target.token:
-            md.append(("authorization", f"Bearer {target.token}"))
-        if target.fence is not None:
-            md.append((FENCE_KEY, f"{target.fence[0]}:{target.fence[1]}"))
-        self.metadata = tuple(md)
+        self.metadata = call_metadata(target, peer)
 
     def _details(self, d: grpc.ClientCallDetails) -> grpc.ClientCallDetails:
         return _Details(
@@ -147,10 +153,10 @@ def open_channel(target: Target, peer: str, server: str) -> grpc.Channel:
     if target.tls is not None:
         ca, cert, key = target.tls.read()
         creds = grpc.ssl_channel_credentials(ca, key, cert)
-        options = [*_CLIENT_OPTIONS, ("grpc.ssl_target_name_override", target.server_name)]
+        options = [*CLIENT_OPTIONS, ("grpc.ssl_target_name_override", target.server_name)]
         channel = grpc.secure_channel(target.address, creds, options=options)
     else:
-        channel = grpc.insecure_channel(target.address, options=_CLIENT_OPTIONS)
+        channel = grpc.insecure_channel(target.address, options=CLIENT_OPTIONS)
     return grpc.intercept_channel(channel, _Calls(target, peer, server))
 
 

@@ -149,4 +149,5 @@ def from_rpc_error(
 
 def _handshake(details: str) -> bool:
     d = details.lower()
-    return any(w in d for w in ("handshake", "ssl", "tls", "certificate", "socket closed"))
+    return any(w in d for w in ("handshake", "ssl", "tls", "certificate", "socket closed",
+                                "verification"))

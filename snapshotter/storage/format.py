@@ -255,7 +255,10 @@ class Manifest:
             body["checksum"] = sha256_hex(_canonical(body))
         except (TypeError, ValueError) as e:
             raise ManifestError(f"manifest meta is not JSON-serializable: {e}") from e
-        return json.dumps(body, sort_keys=True, indent=1).encode()
+        # Compact, like the checksum's canonical form: an indented dump takes json's pure-Python
+        # encoder, seconds for the manifest of a 16,384-rank job (bench/scale_bench.py). Older
+        # manifests were indented; from_json reads both.
+        return _canonical(body)
 
     @classmethod
     def from_json(cls, data: bytes) -> Manifest:

@@ -58,19 +58,19 @@ def test_a_node_with_a_phase_call_in_flight_or_just_made_is_not_renewed() -> Non
     spec = JobSpec("j", "t.py", [], False, "python", "/", {})
     op = FreezeOperation(spec, agents, store=None, stop=False,  # type: ignore[arg-type]
                          settings=FreezeSettings(keepalive_s=0.2), on_committed=print)  # fmt: skip
-    release = threading.Event()
-    # A phase call that stays in flight on "busy" (as a Dump does) holds its lease.
-    threading.Thread(target=op._timed("dump", lambda a: release.wait(5)), args=(agents[0],),
-                     daemon=True).start()  # fmt: skip
+    # A phase call that stays in flight on "busy" (as a Dump does) holds its lease: `_call`
+    # counts each call in at its start and out at its end.
+    op._calling("busy", +1)
     done = threading.Event()
     op._keep_alive(done)
     t_end = time.monotonic() + 0.9
     try:
         while time.monotonic() < t_end:  # "recent" answers a phase call every 0.1 s
-            op._timed("park", lambda a: None)(agents[1])
+            op._calling("recent", +1)
+            op._calling("recent", -1)
             time.sleep(0.1)
     finally:
         done.set()
-        release.set()
+        op._calling("busy", -1)
     assert agents[0].stub.renewals == 0 and agents[1].stub.renewals == 0
     assert agents[2].stub.renewals >= 3
