@@ -34,6 +34,8 @@ class AgentHandle:
     target: Target
     # time.monotonic() of the agent's last registration heartbeat (None: never expires).
     seen: float | None = None
+    # The heartbeat interval the coordinator last asked of it (decisions.beat_interval).
+    beat_s: float = 0.0
     # Changes when the agent process restarts (its jobs are then gone or orphaned).
     incarnation: str = ""
     version: str = ""

@@ -22,7 +22,7 @@ from typing import Any
 
 from snapshotter import __version__, errors, metrics
 from snapshotter.agent.retention import jobs_to_forget
-from snapshotter.coordinator import detect, quotas, snapshots
+from snapshotter.coordinator import decisions, detect, quotas, snapshots
 from snapshotter.coordinator import policy as policies
 from snapshotter.coordinator.agents import AgentHandle, call_all, on_all, open_rdzv_req
 from snapshotter.coordinator.decisions import (
@@ -116,12 +116,14 @@ class Coordinator:
         encrypt: bool = True,
         limits: TenantLimits | None = None,
         webhooks: Webhooks | None = None,
+        max_beats_per_s: float = decisions.MAX_BEATS_PER_S,
     ) -> None:
         """`keys_dir`: where its snapshot signing key, trusted keys and tenants' data keys
         live (signing.py, datakeys.py); None: fresh keys in memory (tests), trusting only
         itself. `encrypt`: seal every snapshot's chunks under its tenant's data key.
         `limits`: per-tenant quotas on snapshots (quotas.py; None: none). `webhooks`: where
-        jobs' events go to their tenants (webhooks.py; None: nowhere)."""
+        jobs' events go to their tenants (webhooks.py; None: nowhere). `max_beats_per_s`:
+        the agents are asked to beat less often when more would arrive (0: no bound)."""
         self.store = store
         self.signer, self.keyring = signing.load(keys_dir)
         self.data_keys = DataKeys(keys_dir)
@@ -133,6 +135,7 @@ class Coordinator:
         self.agent_target = agent_target
         self.token = token
         self.agent_ttl = agent_ttl
+        self.max_beats_per_s = max_beats_per_s
         self.keep_finished_jobs = keep_finished_jobs
         self._agents: dict[str, AgentHandle] = {}
         self._jobs: dict[str, JobRecord] = {}
@@ -191,6 +194,9 @@ class Coordinator:
             assert old is not None
             handle = old
             handle.seen = seen
+            # What this reply asks for is what the agent keeps until its next beat.
+            handle.beat_s = beat_s = decisions.beat_interval(len(self._agents),
+                                                             self.max_beats_per_s)  # fmt: skip
             links = list(req.links)
             if [(x.name, x.up) for x in links] != [(x.name, x.up) for x in handle.links]:
                 self.links_changed.set()
@@ -203,7 +209,7 @@ class Coordinator:
                 self._learn(handle)
             except errors.SnapshotterError as e:
                 log.warning("could not learn the jobs of agent %s: %s", req.name, e)
-        reply = pb.RegisterAgentReply(registered=req.name)
+        reply = pb.RegisterAgentReply(registered=req.name, beat_s=beat_s)
         if self.token is not None:
             reply.fence.CopyFrom(pb.Fence(epoch=self.token[0], id=self.token[1]))
         return reply
@@ -269,7 +275,7 @@ class Coordinator:
         return True
 
     def _live(self, a: AgentHandle, now: float) -> bool:
-        return a.seen is None or now - a.seen <= self.agent_ttl
+        return a.seen is None or now - a.seen <= decisions.lost_after(self.agent_ttl, a.beat_s)
 
     def live_agents(self) -> dict[str, AgentHandle]:
         now = time.monotonic()

@@ -24,6 +24,26 @@ def pick_targets(counts_by_rank: Mapping[int, Mapping[str, int]]) -> dict[str, i
     return targets
 
 
+# Heartbeats the coordinator takes per second before it asks agents to beat less often: 2,048
+# agents beating every 2 s cost it a third of a core (bench/scale_bench.py).
+MAX_BEATS_PER_S = 512.0
+# A node is lost after this many of the intervals it was asked to keep passed without a beat.
+LOST_AFTER_BEATS = 3
+
+
+def beat_interval(agents: int, max_per_s: float) -> float:
+    """The heartbeat interval to ask of every agent so that `agents` of them beat at most
+    `max_per_s` times a second together (an agent keeps its own interval when that is longer;
+    0: no bound)."""
+    return agents / max_per_s if max_per_s > 0 else 0.0
+
+
+def lost_after(ttl_s: float, beat_s: float) -> float:
+    """Seconds without a heartbeat before an agent asked to beat every `beat_s` is lost: the
+    configured ttl, or `LOST_AFTER_BEATS` of its intervals when those are longer."""
+    return max(ttl_s, LOST_AFTER_BEATS * beat_s)
+
+
 def place(nnodes: int, requested: Sequence[str], live: Iterable[str]) -> list[str]:
     """The agents that take a job's nodes, in node-rank order: the ones requested (each once,
     each live), or else the first `nnodes` live ones by name.

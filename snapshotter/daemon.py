@@ -236,6 +236,8 @@ class CoordinatorConfig:
     agent_tls: Any = None
     agent_token: str | None = None
     agent_ttl: float = 15.0
+    # Heartbeats a second it takes before asking agents to beat less often (0: no bound).
+    max_heartbeats_per_s: float = 512.0
     keys_dir: Path | None = None  # its signing and data keys (None: in memory only)
     encrypt: bool = True  # seal snapshots' chunks under their tenants' data keys
     audit_log: Path | None = None  # where every action is recorded (rpc/audit.py)
@@ -256,7 +258,8 @@ def serve_coordinator(cfg: CoordinatorConfig) -> int:
     coord = Coordinator(store, cfg.store_url, agent_target, token, agent_ttl=cfg.agent_ttl,
                         keep_finished_jobs=keep_jobs(), keys_dir=cfg.keys_dir,
                         encrypt=cfg.encrypt, limits=TenantLimits(cfg.tenants_file),
-                        webhooks=Webhooks(WebhookConfig(cfg.webhooks_file)))  # fmt: skip
+                        webhooks=Webhooks(WebhookConfig(cfg.webhooks_file)),
+                        max_beats_per_s=cfg.max_heartbeats_per_s)  # fmt: skip
     metrics.watch_coordinator(coord.agent_census, coord.job_census)
     exporter = _metrics(cfg.metrics_listen, metrics.COORDINATOR, cfg.listen, "coordinator")
     supervisor = Supervisor(coord, tick_s=supervise_tick())
@@ -357,6 +360,7 @@ def serve_agent(cfg: AgentConfig) -> int:
 
     def heartbeat() -> None:
         down_since: float | None = None
+        asked = 0.0  # the coordinator's last word on how often to beat (a large cluster)
         while not beats_done.is_set():
             beat_now.clear()
             req = coordinator_pb2.RegisterAgentRequest(
@@ -367,6 +371,7 @@ def serve_agent(cfg: AgentConfig) -> int:
             try:
                 reply = coord.stub.RegisterAgent(req, timeout=10)
                 metrics.HEARTBEATS_SENT.labels("ok").inc()
+                asked = reply.beat_s
                 if down_since is not None:
                     log.info("coordinator %s is back", cfg.coordinator.address)
                 down_since = None
@@ -380,7 +385,7 @@ def serve_agent(cfg: AgentConfig) -> int:
                 if down_since is None:
                     down_since = time.monotonic()
                     log.warning("coordinator %s: %s; retrying", cfg.coordinator.address, e)
-            beat_now.wait(cfg.heartbeat_s)  # a link change beats at once
+            beat_now.wait(max(cfg.heartbeat_s, asked))  # a link change beats at once
 
     threading.Thread(target=heartbeat, daemon=True, name="heartbeat").start()
     watcher.start()

@@ -1,8 +1,10 @@
 """Run one call on every item at once, and collect what each returned or raised.
 
-Every fan-out goes through `each`: the coordinator's call to every agent of a job, an agent's
-step on every rank, restores of a node's ranks, the GPU stage on every CUDA process. A failure
-of one item never stops the others; the caller decides what the failures mean.
+Fan-outs on threads go through `each`: an agent's step on every rank, restores of a node's
+ranks, the GPU stage on every CUDA process, the coordinator's calls that differ per agent. (The
+coordinator's uniform calls on every agent of a job go out on its event loop instead:
+coordinator/agents.py `call_all`.) A failure of one item never stops the others; the caller
+decides what the failures mean.
 
 Without a bound on workers every item's call starts at once (a freeze's Park and Resume block
 until every node's ranks got theirs: a bounded pool would deadlock them). Those threads come

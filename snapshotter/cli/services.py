@@ -110,6 +110,7 @@ def cmd_coordinator(a: argparse.Namespace) -> int:
         agent_tls=listen.tls,  # its own certificate (OU=coordinator) toward the agents
         agent_token=_token(a.agent_token_file),
         agent_ttl=a.agent_ttl,
+        max_heartbeats_per_s=a.max_heartbeats,
         keys_dir=Paths(default_home()).keys_dir,
         encrypt=encrypt_at_rest() and not a.no_encrypt,
         audit_log=Paths(default_home()).audit_log,
@@ -281,7 +282,11 @@ def add_parsers(sub: Any, common: argparse.ArgumentParser) -> None:
                     help="store new snapshots' chunks in plaintext (default: sealed under each "
                     "tenant's data key; also SNAPSHOTTER_ENCRYPT=0)")  # fmt: skip
     co.add_argument("--agent-ttl", type=float, default=15.0,
-                    help="seconds without a heartbeat before a node is not placed on")
+                    help="seconds without a heartbeat before a node is not placed on (at least "
+                    "3 of the heartbeat intervals agents are asked to keep)")
+    co.add_argument("--max-heartbeats", type=float, default=512.0, metavar="PER_S",
+                    help="heartbeats a second to take, at most: agents are asked to beat less "
+                    "often than their --heartbeat when more would arrive (0: no bound)")
     co.add_argument("--agent-token-file", default=None,
                     help="a token to present to agents that listen on loopback without TLS")
     _metrics_arg(co, "9464")

@@ -52,11 +52,12 @@ def test_an_agents_refusal_arrives_as_the_blocking_clients_error(cluster: Cluste
 
 def test_one_node_gone_or_impostor_fails_alone_naming_why(cluster: Cluster, tmp_path: Path) -> None:
     good = _handles(cluster)[0]
-    gone = AgentHandle("gone", f"unix:{tmp_path / 'none.sock'}", "127.0.0.1",
-                       dataclasses.replace(good.target, address=f"unix:{tmp_path / 'none.sock'}"))  # fmt: skip
+    nowhere = f"unix:{tmp_path / 'none.sock'}"
+    b = cluster.address["b"]
+    gone = AgentHandle("gone", nowhere, "127.0.0.1",
+                       dataclasses.replace(good.target, address=nowhere))
     # b's address, but the certificate must carry a's name: TLS refuses it.
-    impostor = AgentHandle("impostor", cluster.address["b"], "127.0.0.1",
-                           dataclasses.replace(good.target, address=cluster.address["b"]))  # fmt: skip
+    impostor = AgentHandle("impostor", b, "127.0.0.1", dataclasses.replace(good.target, address=b))
     try:
         out = call_all([good, gone, impostor], "Ping", common_pb2.Empty(), 10)
     finally:

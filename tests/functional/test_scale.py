@@ -42,3 +42,20 @@ def test_512_agents_freeze_in_order_commit_and_stay_alive(tmp_path: Path, capsys
             print(table({AGENTS: runs}, {AGENTS: {
                 "hb_cpu": f"{hb_cpu:.3f}", "hb/s": f"{beats / 4.0:.0f}",
                 "rss_mib": f"{rss_mib():.0f}"}}))  # fmt: skip
+
+
+def test_heartbeats_stay_under_the_coordinators_bound_and_no_agent_is_lost(
+    tmp_path: Path,
+) -> None:
+    # 64 agents that would beat every second (64/s), against a bound of 8/s: each is asked to
+    # wait 8 s, and none counts as lost for beating that seldom.
+    with ScaleRig(tmp_path, 64, 1, heartbeat_s=1.0, max_beats_per_s=8.0) as rig:
+        # Those that registered first, among fewer, were asked less; all have beaten since
+        # (their own 1 s), and have had the 8 s they were then asked for.
+        rig.heartbeat_cpu(window_s=9.0)
+        asked = {n: a.beat_s for n, a in rig.coord.live_agents().items()}
+        assert set(asked.values()) == {8.0}, asked
+        _, beats = rig.heartbeat_cpu(window_s=10.0)
+        assert beats <= 8.0 * 10.0 * 1.5, beats  # unbounded: ~640
+        assert beats >= 64, beats  # each agent beat within its interval
+        assert len(rig.coord.live_agents()) == 64

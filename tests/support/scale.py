@@ -61,14 +61,15 @@ class ScaleRig:
     ranks registered with it."""
 
     def __init__(self, tmp: Path, agents: int, nproc: int = 8, procs: int | None = None,
-                 heartbeat_s: float = 2.0) -> None:  # fmt: skip
+                 heartbeat_s: float = 2.0, max_beats_per_s: float = 512.0) -> None:  # fmt: skip
         self.agents, self.nproc = agents, nproc
         store = LocalDirStore(tmp / "store")
         self.store = store
         # Long ttl: a host process busy starting others' servers must not lose its agents.
         self.coord = Coordinator(store, f"file://{tmp / 'store'}",
                                  lambda address, name: Target(address, server_name=name),
-                                 agent_ttl=max(15.0, 6 * heartbeat_s))  # fmt: skip
+                                 agent_ttl=max(15.0, 6 * heartbeat_s),
+                                 max_beats_per_s=max_beats_per_s)  # fmt: skip
         run = tmp / "run"
         run.mkdir(mode=0o700, parents=True, exist_ok=True)
         (tmp / "socks").mkdir(exist_ok=True)

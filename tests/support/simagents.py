@@ -239,14 +239,16 @@ async def _host(plan: HostPlan) -> None:
     md = ((VERSION_KEY, __version__), (PEER_KEY, "agent"))
     beats = {a.name: 0 for a in agents}
     failed = {a.name: 0 for a in agents}
+    asked = {a.name: 0.0 for a in agents}  # the interval the coordinator asked of each
 
     async def register(a: SimAgent) -> None:
         req = cpb.RegisterAgentRequest(name=a.name, address=f"unix:{plan.sock_dir}/{a.name}.sock",
                                        host="127.0.0.1", heartbeat=True, version=__version__,
                                        incarnation=a.incarnation)  # fmt: skip
         try:
-            await stub.RegisterAgent(req, timeout=30, metadata=md)
+            reply = await stub.RegisterAgent(req, timeout=30, metadata=md)
             beats[a.name] += 1
+            asked[a.name] = reply.beat_s
         except grpc.RpcError:
             failed[a.name] += 1
 
@@ -266,7 +268,7 @@ async def _host(plan: HostPlan) -> None:
         await asyncio.sleep(plan.heartbeat_s * i / len(agents))
         while True:
             await register(a)
-            await asyncio.sleep(plan.heartbeat_s)
+            await asyncio.sleep(max(plan.heartbeat_s, asked[a.name]))  # as daemon.py does
 
     tasks = [asyncio.create_task(beat(i, a)) for i, a in enumerate(agents)]
     loop = asyncio.get_running_loop()

@@ -110,3 +110,14 @@ def test_a_recovery_event_says_where_its_time_went() -> None:
         "stop 0.3s, thaw 3.6s (fetch 0.8s, restore 1.6s, resume 0.3s)"
     )
     assert phase_times(0.26, None) == "stop 0.3s"  # relaunched from the start: no thaw
+
+
+def test_agents_are_asked_to_beat_less_often_as_they_grow_and_live_longer_for_it() -> None:
+    from snapshotter.coordinator.decisions import LOST_AFTER_BEATS, beat_interval, lost_after
+
+    assert beat_interval(64, 512) == 0.125  # below the agents' own 2 s: they keep theirs
+    assert beat_interval(2048, 512) == 4.0
+    assert beat_interval(16384, 512) == 32.0
+    assert beat_interval(2048, 0) == 0.0  # no bound
+    assert lost_after(15.0, 2.0) == 15.0  # the configured ttl while intervals are short
+    assert lost_after(15.0, 32.0) == LOST_AFTER_BEATS * 32.0  # never before 3 missed beats
