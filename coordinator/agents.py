@@ -88,11 +88,12 @@ def call_all(
     started: Callable[[AgentHandle], None] | None = None,
     ended: Callable[[AgentHandle, float, float], None] | None = None,
 ) -> parallel.Outcome[str, Any]:
-    """The unary `method` (e.g. "Park") with the same `request` on every agent at once, on
-    the process's event loop rather than a thread per agent (rpc/aio.py: at 2,048 agents the
-    threads were most of a phase's cost); results and failures by agent name, in the agents'
-    order. `started(agent)` and `ended(agent, start, end)` (wall-clock times) run on the
-    loop's thread as each call starts and ends: keep them short."""
+    """The unary `method` (e.g. "Park") on every agent at once, on the process's event loop
+    rather than a thread per agent (rpc/aio.py: at 2,048 agents the threads were most of a
+    phase's cost); results and failures by agent name, in the agents' order. `request`: the
+    same message for all, or a function making each agent's. `started(agent)` and
+    `ended(agent, start, end)` (wall-clock times) run on the loop's thread as each call starts
+    and ends: keep them short."""
     todo = list(agents)
     out: parallel.Outcome[str, Any] = parallel.Outcome()
     if not todo:
@@ -103,7 +104,8 @@ def call_all(
             started(a)
         t0 = time.time()
         try:
-            return await a.aio.call(method, request, timeout)
+            req = request(a) if callable(request) else request
+            return await a.aio.call(method, req, timeout)
         finally:
             if ended is not None:
                 ended(a, t0, time.time())

@@ -24,7 +24,7 @@ from snapshotter import __version__, errors, metrics
 from snapshotter.agent.retention import jobs_to_forget
 from snapshotter.coordinator import decisions, detect, quotas, snapshots
 from snapshotter.coordinator import policy as policies
-from snapshotter.coordinator.agents import AgentHandle, call_all, on_all, open_rdzv_req
+from snapshotter.coordinator.agents import AgentHandle, call_all, open_rdzv_req
 from snapshotter.coordinator.decisions import (
     JobPhase,
     exit_code,
@@ -329,7 +329,7 @@ class Coordinator:
         now = time.monotonic()
         with self._lock:
             agents = sorted(self._agents.values(), key=lambda a: a.name)
-        out = on_all(agents, lambda a: a.stub.Ping(common_pb2.Empty(), timeout=5))
+        out = call_all(agents, "Ping", common_pb2.Empty(), 5)
         reply = pb.NodeList()
         for a in agents:
             row = reply.nodes.add(name=a.name, address=a.address, live=self._live(a, now),
@@ -373,7 +373,7 @@ class Coordinator:
         """Hand the job's policy to its agents, which keep it with the job's spec (a restarted
         coordinator re-learns it from them); the nodes that did not take it."""
         req = agent_pb2.JobPolicy(job_id=rec.spec.job_id, policy=rec.spec.policy)
-        out = on_all(self._handles(rec), lambda a: a.stub.SetPolicy(req, timeout=10))
+        out = call_all(self._handles(rec), "SetPolicy", req, 10)
         for node, e in out.failures.items():
             log.warning("job %s: node %s did not take the new policy: %s", rec.spec.job_id,
                         node, e)  # fmt: skip
@@ -387,7 +387,7 @@ class Coordinator:
     def _count_nproc(self, kind: str, agents: list[AgentHandle]) -> int:
         """--nproc-per-node auto|cpu|gpu counted on the job's agents: the fewest any of them
         has (every node of a job runs as many ranks)."""
-        out = on_all(agents, lambda a: a.stub.Ping(common_pb2.Empty(), timeout=10))
+        out = call_all(agents, "Ping", common_pb2.Empty(), 10)
         for name, e in out.failures.items():
             raise errors.ServiceUnavailable(
                 f"cannot count --nproc-per-node {kind} on node {name}: {e}",
@@ -448,13 +448,13 @@ class Coordinator:
                                            seal=self.checkpoint_key(spec))  # fmt: skip
             node_rank = {a.name: i for i, a in enumerate(agents)}
 
-            def launch(a: AgentHandle) -> agent_pb2.NodeJob:
+            def launch(a: AgentHandle) -> agent_pb2.LaunchRequest:
                 req = agent_pb2.LaunchRequest()
                 req.CopyFrom(base)
                 req.node_rank = node_rank[a.name]
-                return a.stub.Launch(req, timeout=120)
+                return req
 
-            out = on_all(agents, launch)
+            out = call_all(agents, "Launch", launch, 120)
             out.raise_first()
             if not caller_active():
                 raise errors.ServiceUnavailable(
@@ -464,8 +464,8 @@ class Coordinator:
         except BaseException:
             # Every node, also one whose Launch failed or timed out: a launch still running
             # there is cancelled half-way and ends what it started.
-            on_all(agents, lambda a: a.stub.Cancel(ref, timeout=60))
-            on_all(agents[:1], lambda a: a.stub.CloseRdzv(ref, timeout=30))
+            call_all(agents, "Cancel", ref, 60)
+            call_all(agents[:1], "CloseRdzv", ref, 30)
             with self._lock:
                 if recovering and old is not None:
                     self._jobs[job_id] = old
@@ -546,7 +546,7 @@ class Coordinator:
             handles = [self._agents.get(n) for n in names]
         missing = [n for n, h in zip(names, handles, strict=True) if n and h is None]
         present = [h for h in handles if h is not None]
-        out = on_all(present, lambda a: a.stub.Ping(common_pb2.Empty(), timeout=timeout))
+        out = call_all(present, "Ping", common_pb2.Empty(), timeout)
         return missing + [a.name for a in present if a.name in out.failures]
 
     def heartbeat_age(self, name: str) -> float | None:
@@ -639,7 +639,7 @@ class Coordinator:
 
     def _wait_agents(self, rec: JobRecord, step: float) -> None:
         req = common_pb2.WaitRequest(job_id=rec.spec.job_id, timeout_s=step)
-        on_all(self._handles(rec), lambda a: a.stub.Wait(req, timeout=step + 10))
+        call_all(self._handles(rec), "Wait", req, step + 10)
 
     def cancel(self, job_id: str) -> pb.JobStatus:
         rec = self._job(job_id)
@@ -648,7 +648,7 @@ class Coordinator:
         handles = self._handles(rec)
 
         def cancel_on(agents: list[AgentHandle]) -> dict[str, BaseException]:
-            out = on_all(agents, lambda a: a.stub.Cancel(ref, timeout=60))
+            out = call_all(agents, "Cancel", ref, 60)
             # A node that no longer knows the job has nothing left to end; a lost node's
             # agent ends what its predecessor left when it comes back (agent/orphans.py).
             live = self.live_agents()

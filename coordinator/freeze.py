@@ -126,7 +126,7 @@ class FreezeOperation:
         self._t_park = 0.0
         self._quiesce_s = 0.0
         self._targets: dict[str, int] = {}
-        self._spans: list[pb.Span] = []  # appended to from on_all's threads
+        self._spans: list[pb.Span] = []  # appended to from the event loop's thread
         # Phase calls in flight per node, and when the last one started (see _keep_alive).
         self._calls_lock = threading.Lock()
         self._in_flight: dict[str, int] = {}
@@ -402,7 +402,7 @@ class FreezeOperation:
         silent, ended = self._lost_nodes()
         if silent or ended:
             if self._uploaded:
-                on_all(self.agents, lambda a: a.stub.DiscardUpload(self._ref(), timeout=30))
+                call_all(self.agents, "DiscardUpload", self._ref(), 30)
             job = common_pb2.JobRef(job_id=self.spec.job_id)
             on_all(
                 [a for a in self.agents if a.name not in silent],
@@ -415,7 +415,7 @@ class FreezeOperation:
     def _lost_nodes(self) -> tuple[list[str], list[str]]:
         """Nodes whose agent does not answer, and nodes whose ranks have ended."""
         job = common_pb2.JobRef(job_id=self.spec.job_id)
-        out = on_all(self.agents, lambda a: a.stub.Status(job, timeout=10))
+        out = call_all(self.agents, "Status", job, 10)
         ended = [n for n, st in out.results.items() if st.state in ("FAILED", "CANCELLED")]
         silent = sorted(out.failures)
         # An agent that answers may still be a new incarnation (restarted under its keeper,
@@ -468,14 +468,14 @@ class FreezeOperation:
 
     def _restore_job(self) -> None:
         if self._uploaded:
-            on_all(self.agents, lambda a: a.stub.DiscardUpload(self._ref(), timeout=120))
+            call_all(self.agents, "DiscardUpload", self._ref(), 120)
         if self._suspended and not self._resumed:
             try:
                 self._resume()
             except errors.SnapshotterError as e:
                 log.error("resume after failed freeze failed: %s", e)
         elif self._prepared and not self._suspended:
-            on_all(self._prepared, lambda a: a.stub.Abort(self._ref(), timeout=60))
+            call_all(self._prepared, "Abort", self._ref(), 60)
             return  # Abort released the agents' freeze state
         fin = agent_pb2.FinishFreezeRequest(job_id=self.spec.job_id, freeze_id=self.freeze_id)
-        on_all(self._prepared, lambda a: a.stub.FinishFreeze(fin, timeout=60))
+        call_all(self._prepared, "FinishFreeze", fin, 60)

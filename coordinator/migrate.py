@@ -31,7 +31,7 @@ from typing import TYPE_CHECKING, Any
 
 from snapshotter import errors, metrics
 from snapshotter.coordinator import detect
-from snapshotter.coordinator.agents import AgentHandle, on_all, open_rdzv_req
+from snapshotter.coordinator.agents import AgentHandle, call_all, on_all, open_rdzv_req
 from snapshotter.coordinator.decisions import JobPhase
 from snapshotter.coordinator.freeze import FreezeOperation, FreezeSettings
 from snapshotter.launch.spec import JobSpec
@@ -168,7 +168,7 @@ class MigrateOperation(FreezeOperation):
             if failed is dst and not moves_rdzv:
                 src.stub.Resume(resume, timeout=s.resume_timeout + 10)
             elif failed is dst:
-                on_all(others, lambda a: a.stub.Cancel(job, timeout=60))
+                call_all(others, "Cancel", job, 60)
 
         out = on_all([dst, *others], step, first_failure=put_back)
         if out.failures:
@@ -304,7 +304,7 @@ class MigrateOperation(FreezeOperation):
                 f"node {dst.name} could not restore the ranks of node {self.source.name} "
                 f"({cause}); they resumed on {self.source.name}", _RETRY,
             ) from first  # fmt: skip
-        on_all([*self.agents, dst], lambda a: a.stub.Cancel(job, timeout=60))
+        call_all([*self.agents, dst], "Cancel", job, 60)
         self._prepared = []
         raise errors.MigrationFailed(
             f"the job's ranks could not rebuild their communicators after the migration "

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 from snapshotter import errors
 from snapshotter.coordinator import detect, snapshots
 from snapshotter.coordinator import policy as policies
-from snapshotter.coordinator.agents import on_all
+from snapshotter.coordinator.agents import call_all
 from snapshotter.coordinator.decisions import (
     DEFAULT_MAX_TRIES,
     DEFAULT_WINDOW_S,
@@ -129,7 +129,7 @@ def relaunch_request(rec: JobRecord, nodes: list[str]) -> pb.RunRequest:
 def stop_rest(c: Coordinator, rec: JobRecord) -> None:
     """End what is left of the job on every node that answers (a lost one cannot)."""
     ref = common_pb2.JobRef(job_id=rec.spec.job_id)
-    on_all(c.job_handles(rec), lambda a: a.stub.Cancel(ref, timeout=60))
+    call_all(c.job_handles(rec), "Cancel", ref, 60)
 
 
 def give_up(c: Coordinator, rec: JobRecord, why: str) -> None:

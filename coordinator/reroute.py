@@ -139,7 +139,7 @@ class RerouteOperation(FreezeOperation):
             self.rebuild_s = time.monotonic() - t_resume
             self.stall_s = time.monotonic() - self._t_park
             fin = agent_pb2.FinishFreezeRequest(job_id=self.spec.job_id, freeze_id=self.freeze_id)
-            on_all(self.agents, lambda a: a.stub.FinishFreeze(fin, timeout=60))
+            call_all(self.agents, "FinishFreeze", fin, 60)
             self._prepared = []
         finally:
             if self.bridge:
