@@ -15,6 +15,7 @@ from typing import TYPE_CHECKING
 from snapshotter import errors
 from snapshotter.coordinator import top_rules as rules
 from snapshotter.coordinator.agents import AgentHandle, call_all
+from snapshotter.coordinator.decisions import JobPhase
 from snapshotter.v1 import common_pb2
 from snapshotter.v1 import coordinator_pb2 as pb
 
@@ -65,9 +66,21 @@ def report(job_id: str, nodes: list[common_pb2.JobProgress], owner: dict[str, st
     return out
 
 
+def _refuse_ended(c: Coordinator, job_id: str) -> None:
+    """Raises JobNotRunning when the job has ended: its ranks are gone (or their node forgot
+    them), which is no fault of a node's to report as one."""
+    state = c.status(job_id).state
+    if JobPhase(state).terminal:
+        raise errors.JobNotRunning(
+            f"job {job_id} has ended ({state}): it has no ranks left to sample",
+            f"see `snapshotter status {job_id}` for how it ended and `snapshotter logs {job_id}` "
+            "for what its ranks wrote",
+        )
+
+
 def run(c: Coordinator, req: pb.TopRequest) -> pb.TopReport:
-    """Raises: JobNotFound; InvalidArgument for a bad hang threshold; ServiceUnavailable when a
-    node of the job does not answer."""
+    """Raises: JobNotFound; JobNotRunning when the job has ended; InvalidArgument for a bad
+    hang threshold; ServiceUnavailable when a node of the job does not answer."""
     if not math.isfinite(req.hang_s) or not 0 <= req.hang_s <= MAX_HANG_S:
         raise errors.InvalidArgument(f"hang threshold {req.hang_s}s is out of range",
                                      f"pass 0 (default {rules.DEFAULT_HANG_S:.0f}s) .. "
@@ -79,6 +92,8 @@ def run(c: Coordinator, req: pb.TopRequest) -> pb.TopReport:
                                  "see `snapshotter status` for its state")  # fmt: skip
     ref = common_pb2.ProgressRequest(job_id=req.job_id, peers=True)
     out = call_all(handles, "Progress", ref, 10)
+    if out.failures or not any(r.answered for p in out.results.values() for r in p.ranks):
+        _refuse_ended(c, req.job_id)
     if out.failures:
         node, e = next(iter(out.failures.items()))
         cause = e.cause if isinstance(e, errors.SnapshotterError) else f"{type(e).__name__}: {e}"

@@ -37,6 +37,7 @@ from snapshotter.agent.links import Links
 from snapshotter.agent.local_copy import LocalCopies
 from snapshotter.agent.logs import follow_file
 from snapshotter.agent.orphans import reap_orphans
+from snapshotter.agent.peers import Conn, established
 from snapshotter.agent.progress import TIMEOUT_S as PROGRESS_TIMEOUT_S
 from snapshotter.agent.progress import sample as sample_progress
 from snapshotter.agent.rdzv import RdzvHost
@@ -216,8 +217,8 @@ class NodeAgent:
         job.wait(timeout)
         return job
 
-    def progress(self, job_id: str, timeout: float = PROGRESS_TIMEOUT_S, peers: bool = False
-                 ) -> common_pb2.JobProgress:  # fmt: skip
+    def progress(self, job_id: str, timeout: float = PROGRESS_TIMEOUT_S, peers: bool = False,
+                 conns: list[Conn] | None = None) -> common_pb2.JobProgress:  # fmt: skip
         """Each of the job's ranks here: optimizer steps and collectives issued per group, or
         that it did not answer within `timeout` and its process state (agent/progress.py).
         A job a freeze or thaw holds is `busy`, and no rank is asked.
@@ -226,7 +227,7 @@ class NodeAgent:
             JobNotFound: no such job here.
             InvalidArgument: `timeout` is not in (0, PROGRESS_TIMEOUT_S].
         """
-        reply = sample_progress(self.jobs.get(job_id), timeout, peers)
+        reply = sample_progress(self.jobs.get(job_id), timeout, peers, conns)
         reply.node = self.settings.name
         return reply
 
@@ -234,9 +235,11 @@ class NodeAgent:
         """Every running job's progress here, for the metrics (a job that ended meanwhile, or
         that a freeze holds, is left out)."""
         out = []
-        for job_id in self.jobs.running_ids():
+        running = self.jobs.running_ids()
+        conns = established() if running else []  # one `ss` a scrape, not one a job
+        for job_id in running:
             try:
-                p = self.progress(job_id, timeout=0.5, peers=True)
+                p = self.progress(job_id, timeout=0.5, peers=True, conns=conns)
             except errors.SnapshotterError:
                 continue
             if not p.busy:

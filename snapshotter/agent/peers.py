@@ -7,7 +7,7 @@ rate limit raises the RTT of every connection crossing it, loss raises retransmi
 module reads them for the ranks' processes without touching the ranks, and sums them per peer
 address; the coordinator maps addresses to nodes and judges (coordinator/top_rules.py).
 
-`parse` is pure; `collect` runs `ss` once.
+`parse` is pure; `established` runs `ss` once.
 """
 
 from __future__ import annotations
@@ -111,11 +111,9 @@ def by_peer(conns: Iterable[Conn], pids: set[int], min_bytes: int = MIN_BYTES) -
     return [peers[k] for k in sorted(peers)]
 
 
-def collect(pids: set[int]) -> list[Peer]:
-    """This node's view of the connections of `pids` to other nodes ([] when `ss` fails:
+def established() -> list[Conn]:
+    """This node's established TCP connections, from one run of `ss` ([] when it fails:
     telemetry is best effort and never fails a progress sample)."""
-    if not pids:
-        return []
     try:
         done = subprocess.run(
             ["ss", "-tinpH", "state", "established"],
@@ -123,4 +121,12 @@ def collect(pids: set[int]) -> list[Peer]:
         )  # fmt: skip
     except (OSError, subprocess.TimeoutExpired):
         return []
-    return by_peer(parse(done.stdout), pids) if done.returncode == 0 else []
+    return parse(done.stdout) if done.returncode == 0 else []
+
+
+def collect(pids: set[int], conns: list[Conn] | None = None) -> list[Peer]:
+    """This node's view of the connections of `pids` to other nodes, from `conns` when the
+    caller read them once for several jobs (a metrics scrape), else from a run of `ss`."""
+    if not pids:
+        return []
+    return by_peer(established() if conns is None else conns, pids)

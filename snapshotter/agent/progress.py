@@ -49,10 +49,11 @@ def _unanswered(r: RankRuntime) -> common_pb2.RankProgress:
     return m
 
 
-def sample(job: NodeJob, timeout: float = TIMEOUT_S, peers: bool = False
-           ) -> common_pb2.JobProgress:  # fmt: skip
+def sample(job: NodeJob, timeout: float = TIMEOUT_S, peers: bool = False,
+           conns: list[connections.Conn] | None = None) -> common_pb2.JobProgress:  # fmt: skip
     """Every rank's progress on this node, or `busy` when a freeze or thaw holds the job;
-    with `peers`, also its ranks' connections to other nodes (agent/peers.py).
+    with `peers`, also its ranks' connections to other nodes (agent/peers.py), from `conns`
+    when given (the node's connections, read once for all its jobs).
 
     Raises:
         InvalidArgument: `timeout` is not in (0, TIMEOUT_S]: a longer sample would hold up
@@ -115,6 +116,6 @@ def sample(job: NodeJob, timeout: float = TIMEOUT_S, peers: bool = False
         common_pb2.PeerStats(address=p.address, connections=p.connections, rtt_ms=p.rtt_ms,
                              bytes_sent=p.bytes_sent, bytes_retrans=p.bytes_retrans,
                              delivery_bps=p.delivery_bps)  # fmt: skip
-        for p in connections.collect(pids)
+        for p in connections.collect(pids, conns)
     )
     return reply

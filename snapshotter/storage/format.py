@@ -252,13 +252,17 @@ class Manifest:
         validate(self)
         body = self._body()
         try:
-            body["checksum"] = sha256_hex(_canonical(body))
+            canonical = _canonical(body)
         except (TypeError, ValueError) as e:
             raise ManifestError(f"manifest meta is not JSON-serializable: {e}") from e
+        checksum = sha256_hex(canonical)
         # Compact, like the checksum's canonical form: an indented dump takes json's pure-Python
         # encoder, seconds for the manifest of a 16,384-rank job (bench/scale_bench.py). Older
-        # manifests were indented; from_json reads both.
-        return _canonical(body)
+        # manifests were indented; from_json reads both. "checksum" sorts before every other
+        # key, so the canonical form with it is the one without it and it spliced in first:
+        # the manifest is encoded once, not twice.
+        assert min(body) > "checksum", sorted(body)
+        return b'{"checksum":"' + checksum.encode() + b'",' + canonical[1:]
 
     @classmethod
     def from_json(cls, data: bytes) -> Manifest:

@@ -53,6 +53,10 @@ def test_freeze_of_a_finished_job_is_refused(snap: SnapCli, tmp_path: Path) -> N
     p = snap.run("freeze", job, check=False)
     assert p.returncode == 5, p.stderr
     assert "SUCCEEDED" in p.stderr and "only a running job can be frozen" in p.stderr
+    # top has nothing to sample either, and says why rather than showing ranks not answering.
+    p = snap.run("top", job, check=False)
+    assert p.returncode == 4 and "has ended (SUCCEEDED)" in p.stderr, p.stderr
+    assert "next step:" in p.stderr and "Traceback" not in p.stderr, p.stderr
     assert snap.json("list")["snapshots"] == []
     assert _store_files(snap.home) == []
 

@@ -856,6 +856,9 @@ def test_top_names_a_cpu_limited_rank_then_the_rank_a_hang_waits_on(
         assert len(viewer.json("top", job)["ranks"]) == 4
     finally:
         cli.run("cancel", job, check=False)
+    cli.wait(job)
+    p = cli.run("top", job, check=False)
+    assert p.returncode == 4 and "has ended (CANCELLED)" in p.stderr, p.stderr
     p = cli.run("top", "no-such-job", check=False)
     assert p.returncode == 3 and "Traceback" not in p.stderr, p.stderr
 

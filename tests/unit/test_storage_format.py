@@ -109,6 +109,12 @@ def test_manifest_round_trip() -> None:
     body = json.loads(data)
     assert body["format"] == fmt.FORMAT_NAME and body["version"] == fmt.FORMAT_VERSION
     assert len(body["checksum"]) == 64
+    # Written in the canonical form itself (sorted keys, compact), checksum included.
+    assert data == json.dumps(body, sort_keys=True, separators=(",", ":")).encode()
+    sealed = fmt.Manifest("x", 0.0, {}, {}, version=fmt.SEALED_VERSION,
+                          sealed=fmt.Sealing("t1", "0123456789abcdef"))  # fmt: skip
+    data = sealed.to_json()
+    assert data == json.dumps(json.loads(data), sort_keys=True, separators=(",", ":")).encode()
 
 
 def test_manifest_checksum_detects_edit() -> None:

@@ -208,6 +208,8 @@ def test_ss_output_per_peer() -> None:
     assert p.bytes_sent == 5242880 + 2097152 and p.bytes_retrans == 2896
     assert p.delivery_bps == 19.8e6
     assert peers.by_peer(conns, set()) == [] and peers.parse("garbage\n\tmore") == []
+    # Connections read once for several jobs (a metrics scrape) are used as given.
+    assert peers.collect({11, 12}, conns) == [p] and peers.collect(set(), conns) == []
 
 
 def test_the_report_of_a_busy_job_asks_no_rank_and_of_a_running_one_names() -> None:
