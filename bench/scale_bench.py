@@ -7,6 +7,7 @@ control-plane sum (prepare park suspend resume commit finish), growth against th
 the coordinator's CPU seconds per freeze, its CPU per second of heartbeats alone, and its RSS.
 
     .venv/bin/python bench/scale_bench.py [--agents 64,512,2048] [--runs 3] [--heartbeat-s 2]
+        [--transports control,unary]   (both side by side: the Control streams' gain)
 
 The simulated agents share this machine's cores with the coordinator: on few cores, their
 answering time is in the figures too (the coordinator's CPU per freeze is not).
@@ -16,6 +17,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import sys
 import tempfile
@@ -46,36 +48,60 @@ def one_size(agents: int, runs: int, heartbeat_s: float, window_s: float) -> dic
         }  # fmt: skip
 
 
+TRANSPORTS = {
+    "control": "the agents' calls carried by one Control stream per agent (rpc/control.py)",
+    "unary": "a gRPC call per agent per phase (SNAPSHOTTER_CONTROL_STREAM=0)",
+}
+
+
 def main() -> int:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--agents", default="64,512,2048")
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--heartbeat-s", type=float, default=2.0)
     ap.add_argument("--window-s", type=float, default=6.0)
+    ap.add_argument("--transports", default="control",
+                    help="comma-separated, side by side for each size: control, unary")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
-    rows: dict[int, list[FreezeTiming]] = {}
-    extra: dict[int, dict[str, str]] = {}
+    transports = a.transports.split(",")
+    if not set(transports) <= set(TRANSPORTS):
+        ap.error(f"--transports: choose among {', '.join(TRANSPORTS)}")
+    rows: dict[str, dict[int, list[FreezeTiming]]] = {t: {} for t in transports}
+    extra: dict[str, dict[int, dict[str, str]]] = {t: {} for t in transports}
     out = []
     for n in (int(x) for x in a.agents.split(",")):
-        t0 = time.monotonic()
-        r = one_size(n, a.runs, a.heartbeat_s, a.window_s)
-        rows[n] = r["timings"]  # type: ignore[assignment]
-        extra[n] = {
-            "cpu/frz": f"{r['freeze_cpu_s']:.2f}",
-            "hb_cpu": f"{r['hb_cpu']:.3f}",
-            "hb/s": f"{r['beats_per_s']:.0f}",
-            "launch": f"{r['launch_s']:.2f}",
-            "rss_mib": f"{r['rss_mib']:.0f}",
-        }
-        out.append(
-            {k: v for k, v in r.items() if k != "timings"}
-            | {"phases": [t.phases for t in r["timings"]]}
-        )  # type: ignore[attr-defined]
-        print(f"# {n} agents done in {time.monotonic() - t0:.0f}s", file=sys.stderr, flush=True)
-    print(f"freeze phases, median of {a.runs} (s); heartbeats every {a.heartbeat_s}s per agent; "
-          "hb_cpu: coordinator CPU s per s of heartbeats alone")  # fmt: skip
-    print(table(rows, extra))
+        for tr in transports:
+            t0 = time.monotonic()
+            # Read as each coordinator-side agent handle is made (rpc/aio.py).
+            os.environ["SNAPSHOTTER_CONTROL_STREAM"] = "1" if tr == "control" else "0"
+            r = one_size(n, a.runs, a.heartbeat_s, a.window_s)
+            rows[tr][n] = r["timings"]  # type: ignore[assignment]
+            extra[tr][n] = {
+                "cpu/frz": f"{r['freeze_cpu_s']:.2f}",
+                "hb_cpu": f"{r['hb_cpu']:.3f}",
+                "hb/s": f"{r['beats_per_s']:.0f}",
+                "launch": f"{r['launch_s']:.2f}",
+                "rss_mib": f"{r['rss_mib']:.0f}",
+            }
+            out.append(
+                {k: v for k, v in r.items() if k != "timings"}
+                | {"transport": tr, "phases": [t.phases for t in r["timings"]]}
+            )  # type: ignore[attr-defined]
+            print(f"# {n} agents ({tr}) done in {time.monotonic() - t0:.0f}s", file=sys.stderr,
+                  flush=True)  # fmt: skip
+    for tr in transports:
+        print(f"\n{tr}: {TRANSPORTS[tr]}")
+        print(f"freeze phases, median of {a.runs} (s); heartbeats every {a.heartbeat_s}s per "
+              "agent; hb_cpu: coordinator CPU s per s of heartbeats alone")  # fmt: skip
+        print(table(rows[tr], extra[tr]))
+    if len(transports) > 1:
+        first, *others = transports
+        for n in rows[first]:
+            ctl = {t: statistics.median(x.control_s for x in rows[t][n]) for t in transports}
+            print(f"{n} agents, control-plane s: "
+                  + ", ".join(f"{t} {ctl[t]:.3f}" for t in transports)
+                  + "".join(f"; {first}/{t} {ctl[first] / ctl[t]:.2f}x" for t in others))
     if a.json:
         print(json.dumps(out, default=str))
     return 0

@@ -47,7 +47,8 @@ class AgentHandle:
 
     def __post_init__(self) -> None:
         self.client = agent_client(self.target)
-        self.aio = AioClient(self.target, agent_pb2_grpc.AgentStub, "coordinator", "agent")
+        self.aio = AioClient(self.target, agent_pb2_grpc.AgentStub, "coordinator", "agent",
+                             agent_pb2.DESCRIPTOR.services_by_name["Agent"])  # fmt: skip
 
     @property
     def stub(self) -> Any:

@@ -14,14 +14,16 @@ SnapshotterErrors as the blocking client's (client.py).
 from __future__ import annotations
 
 import asyncio
+import os
 import threading
 from collections.abc import AsyncIterator, Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
 
 import grpc
+from google.protobuf.descriptor import ServiceDescriptor
 
-from snapshotter.rpc import status
+from snapshotter.rpc import control, status
 from snapshotter.rpc.client import CLIENT_OPTIONS, Target, call_metadata
 
 T = TypeVar("T")
@@ -71,11 +73,25 @@ class Loop:
 LOOP = Loop()
 
 
+def stream_enabled() -> bool:
+    """Whether fan-outs carry unary calls over Control streams (control.py); off with
+    SNAPSHOTTER_CONTROL_STREAM=0 (to compare, or to rule it out)."""
+    return os.environ.get("SNAPSHOTTER_CONTROL_STREAM", "1") != "0"
+
+
+async def _call_on_loop(fn: Any) -> None:
+    fn()
+
+
 class AioClient:
     """One service reached through an asyncio channel; the channel opens on the first call,
     on the loop's thread (an asyncio channel belongs to the loop it was made on)."""
 
-    def __init__(self, target: Target, stub_class: Any, peer: str, server: str) -> None:
+    def __init__(self, target: Target, stub_class: Any, peer: str, server: str,
+                 control_service: ServiceDescriptor | None = None) -> None:  # fmt: skip
+        """`control_service`: the service's descriptor when it has a Control stream
+        (control.py) to carry its unary calls; None (or SNAPSHOTTER_CONTROL_STREAM=0): every
+        call is a call of its own."""
         self.target = target
         self._stub_class = stub_class
         self._server = server
@@ -83,6 +99,8 @@ class AioClient:
         self._channel: grpc.aio.Channel | None = None
         self._stub: Any = None
         self._closed = False
+        self._control_service = control_service if stream_enabled() else None
+        self._control: control.Caller | None = None
 
     def _open(self) -> Any:
         if self._closed:
@@ -96,12 +114,20 @@ class AioClient:
         else:
             self._channel = grpc.aio.insecure_channel(t.address, options=_OPTIONS)
         self._stub = self._stub_class(self._channel)
+        if self._control_service is not None:
+            self._control = control.Caller(self._stub, self._control_service, self._metadata,
+                                           self._error, t.address)  # fmt: skip
         return self._stub
 
     async def call(self, method: str, request: Any, timeout: float | None) -> Any:
         """The unary `method` (its name in the service, e.g. "Park"); raises the
         SnapshotterError the server sent or one that explains the transport's failure."""
         stub = self._stub or self._open()
+        if self._control is not None and self._control.supported:
+            try:
+                return await self._control.call(method, request, timeout)
+            except control.Unsupported:
+                pass  # a server of an earlier release: a call of its own
         try:
             return await getattr(stub, method)(request, timeout=timeout, metadata=self._metadata)
         except grpc.aio.AioRpcError as e:
@@ -131,5 +157,8 @@ class AioClient:
         """Close the channel (on the loop; calls in flight on it fail)."""
         self._closed = True
         ch, self._channel, self._stub = self._channel, None, None
+        if self._control is not None:
+            LOOP.soon(_call_on_loop(self._control.close))
+            self._control = None
         if ch is not None:
             LOOP.soon(ch.close())

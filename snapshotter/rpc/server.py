@@ -15,6 +15,8 @@ Every call to our services passes `_Checks` (one server interceptor), in this or
   4. extra     the service's own check (an agent's fencing token)
   5. request   parsed here, so a malformed message is an InvalidArgument, not a crash
   6. handler   a raised SnapshotterError becomes a typed status (status.py)
+A Control stream (control.py: unary calls carried as messages) is admitted by checks 1-3 for
+its own right, and then every message passes 1-6 as the call it stands for.
 Health (grpc.health.v1) and server reflection answer without credentials, so grpcurl and
 load balancers work with no code of ours.
 """
@@ -41,7 +43,7 @@ from grpc_health.v1 import health, health_pb2, health_pb2_grpc
 from grpc_reflection.v1alpha import reflection
 
 from snapshotter import __version__, errors, metrics
-from snapshotter.rpc import auth, status
+from snapshotter.rpc import auth, control, status
 from snapshotter.rpc.audit import REFUSALS, AuditLog
 from snapshotter.rpc.tls import TlsFiles
 
@@ -134,6 +136,9 @@ class _Checks(grpc.ServerInterceptor):
         self.extra = extra
         self.audit = audit
         self.rights = auth.method_rights()
+        # Every method's handler as registered, by full name: what a Control message is
+        # served by (grpc gives an interceptor only the handler of the call it intercepts).
+        self.handlers: dict[str, Any] = {}
         self.metrics = metrics.RPC[kind] if kind in metrics.RPC else metrics.RpcMetrics(
             metrics.CollectorRegistry())  # another kind (tests' fakes): counted, not served
 
@@ -144,100 +149,167 @@ class _Checks(grpc.ServerInterceptor):
         method = details.method
         if handler is None or method.startswith(_OPEN_SERVICES):
             return handler
-        right = self.rights.get(method, auth.Right.ADMINISTER)
         md = {k: v for k, v in details.invocation_metadata if isinstance(v, str)}
-        parse = handler.request_deserializer
-        acts = right in (auth.Right.OPERATE, auth.Right.ADMINISTER)
-
-        def audited(who: auth.Identity | None, request: Any, err: BaseException | None) -> None:
-            if self.audit is None:
-                return
-            code = getattr(err, "code", "error") if err is not None else "ok"
-            if not acts and code not in REFUSALS:
-                return
-            cause = getattr(err, "cause", str(err)) if err is not None else ""
-            try:
-                self.audit.record(who, method, request, str(code), str(cause))
-            except OSError as e:  # the call's outcome stands; the log says it lost a line
-                log.error("audit log %s: %s (lost: %s %s)", self.audit.path, e, method, code)
-
-        def admit(raw: bytes, context: grpc.ServicerContext) -> tuple[Any, auth.Identity]:
-            self._check_version(md)
-            who = self._identify(md, context)
-            auth.authorize(who, method, right)
-            if self.extra is not None:
-                self.extra(method, md)
-            try:
-                request = parse(raw) if parse is not None else raw
-            except DecodeError as e:
-                raise errors.InvalidArgument(
-                    f"malformed request for {method}: {e}",
-                    "send a message of the request type the .proto declares for it",
-                ) from e
-            return request, who
-
-        @contextlib.contextmanager
-        def counted() -> Iterator[list[str]]:
-            """The call's duration and code into the service's metrics (metrics.py)."""
-            t0 = time.monotonic()
-            outcome = ["abandoned"]  # a stream whose caller went away ends without either
-            in_flight = self.metrics.in_flight.labels(method.rsplit("/", 1)[-1])
-            in_flight.inc()
-            try:
-                yield outcome
-                outcome[0] = "ok" if outcome[0] == "abandoned" else outcome[0]
-            finally:
-                in_flight.dec()
-                self.metrics.observe(method, outcome[0], time.monotonic() - t0)
-
         if handler.unary_unary is not None:
-            inner = handler.unary_unary
+            call = self._checked(method, handler, md)
 
             def unary(raw: bytes, context: grpc.ServicerContext) -> Any:
-                who: auth.Identity | None = None
-                request: Any = None
-                with counted() as outcome:
-                    try:
-                        request, who = admit(raw, context)
-                        token = _CALL.set((context, who))
-                        try:
-                            reply = inner(request, context)
-                        finally:
-                            _CALL.reset(token)
-                        audited(who, request, None)
-                        return reply
-                    except Exception as e:  # noqa: BLE001 - every failure becomes a status
-                        outcome[0] = str(getattr(e, "code", "internal"))
-                        audited(who, request, e)
-                        context.abort_with_status(status.to_status(e))
+                try:
+                    return call(raw, context)
+                except Exception as e:  # noqa: BLE001 - every failure becomes a status
+                    context.abort_with_status(status.to_status(e))
 
             return grpc.unary_unary_rpc_method_handler(
                 unary, response_serializer=handler.response_serializer
             )
         if handler.unary_stream is not None:
-            inner_s = handler.unary_stream
-
-            def stream(raw: bytes, context: grpc.ServicerContext) -> Iterator[Any]:
-                who: auth.Identity | None = None
-                request: Any = None
-                with counted() as outcome:
-                    try:
-                        request, who = admit(raw, context)
-                        token = _CALL.set((context, who))
-                        try:
-                            yield from inner_s(request, context)
-                        finally:
-                            _CALL.reset(token)
-                        audited(who, request, None)
-                    except Exception as e:  # noqa: BLE001
-                        outcome[0] = str(getattr(e, "code", "internal"))
-                        audited(who, request, e)
-                        context.abort_with_status(status.to_status(e))
-
-            return grpc.unary_stream_rpc_method_handler(
-                stream, response_serializer=handler.response_serializer
-            )
+            return self._checked_stream(method, handler, md)
+        if handler.stream_stream is not None and method.endswith(control.METHOD):
+            return self._control(details, md)
         return handler
+
+    def _audit(self, method: str, who: auth.Identity | None, request: Any,
+               err: BaseException | None) -> None:  # fmt: skip
+        if self.audit is None:
+            return
+        right = self.rights.get(method, auth.Right.ADMINISTER)
+        code = getattr(err, "code", "error") if err is not None else "ok"
+        if right not in (auth.Right.OPERATE, auth.Right.ADMINISTER) and code not in REFUSALS:
+            return
+        cause = getattr(err, "cause", str(err)) if err is not None else ""
+        try:
+            self.audit.record(who, method, request, str(code), str(cause))
+        except OSError as e:  # the call's outcome stands; the log says it lost a line
+            log.error("audit log %s: %s (lost: %s %s)", self.audit.path, e, method, code)
+
+    def _admit(
+        self, method: str, md: Mapping[str, str], context: grpc.ServicerContext,
+        parse: Callable[[bytes], Any] | None, raw: bytes,
+    ) -> tuple[Any, auth.Identity]:  # fmt: skip
+        """Checks 1-5 of the module docstring; the parsed request and who sent it."""
+        self._check_version(md)
+        who = self._identify(md, context)
+        auth.authorize(who, method, self.rights.get(method, auth.Right.ADMINISTER))
+        if self.extra is not None:
+            self.extra(method, md)
+        try:
+            request = parse(raw) if parse is not None else raw
+        except DecodeError as e:
+            raise errors.InvalidArgument(
+                f"malformed request for {method}: {e}",
+                "send a message of the request type the .proto declares for it",
+            ) from e
+        return request, who
+
+    @contextlib.contextmanager
+    def _counted(self, method: str) -> Iterator[list[str]]:
+        """The call's duration and code into the service's metrics (metrics.py)."""
+        t0 = time.monotonic()
+        outcome = ["abandoned"]  # a stream whose caller went away ends without either
+        in_flight = self.metrics.in_flight.labels(method.rsplit("/", 1)[-1])
+        in_flight.inc()
+        try:
+            yield outcome
+            outcome[0] = "ok" if outcome[0] == "abandoned" else outcome[0]
+        finally:
+            in_flight.dec()
+            self.metrics.observe(method, outcome[0], time.monotonic() - t0)
+
+    def _checked(
+        self, method: str, handler: Any, md: Mapping[str, str]
+    ) -> Callable[[bytes, grpc.ServicerContext], Any]:
+        """The unary `handler` behind every check: returns its reply, raises its failure
+        (audited and counted either way)."""
+        inner, parse = handler.unary_unary, handler.request_deserializer
+
+        def call(raw: bytes, context: grpc.ServicerContext) -> Any:
+            who: auth.Identity | None = None
+            request: Any = None
+            with self._counted(method) as outcome:
+                try:
+                    request, who = self._admit(method, md, context, parse, raw)
+                    token = _CALL.set((context, who))
+                    try:
+                        reply = inner(request, context)
+                    finally:
+                        _CALL.reset(token)
+                    self._audit(method, who, request, None)
+                    return reply
+                except Exception as e:
+                    outcome[0] = str(getattr(e, "code", "internal"))
+                    self._audit(method, who, request, e)
+                    raise
+
+        return call
+
+    def _checked_stream(self, method: str, handler: Any, md: Mapping[str, str]) -> Any:
+        inner_s, parse = handler.unary_stream, handler.request_deserializer
+
+        def stream(raw: bytes, context: grpc.ServicerContext) -> Iterator[Any]:
+            who: auth.Identity | None = None
+            request: Any = None
+            with self._counted(method) as outcome:
+                try:
+                    request, who = self._admit(method, md, context, parse, raw)
+                    token = _CALL.set((context, who))
+                    try:
+                        yield from inner_s(request, context)
+                    finally:
+                        _CALL.reset(token)
+                    self._audit(method, who, request, None)
+                except Exception as e:  # noqa: BLE001
+                    outcome[0] = str(getattr(e, "code", "internal"))
+                    self._audit(method, who, request, e)
+                    context.abort_with_status(status.to_status(e))
+
+        return grpc.unary_stream_rpc_method_handler(
+            stream, response_serializer=handler.response_serializer
+        )
+
+    def _control(self, details: grpc.HandlerCallDetails, md: Mapping[str, str]) -> Any:
+        """The Control stream (control.py): admitted as a call of its own (version, identity,
+        its right), then every message it carries passes every check as the unary call it
+        stands for, with the stream's metadata."""
+        service = details.method[: -len(control.METHOD)]
+        calls: dict[str, tuple[Callable[..., Any], Callable[[Any], bytes]]] = {}
+
+        def resolve(name: str) -> tuple[Callable[..., Any], Callable[[Any], bytes]]:
+            if name not in calls:
+                full = f"{service}/{name}"
+                h = None
+                if control.valid_name(name) and not full.endswith(control.METHOD):
+                    h = self.handlers.get(full)
+                if h is None or h.unary_unary is None:
+                    raise errors.InvalidArgument(
+                        f"{name[:64]!r} is not a unary method of {service.lstrip('/')}",
+                        "carry only the service's unary calls over Control",
+                    )
+                calls[name] = (self._checked(full, h, md), h.response_serializer)
+            return calls[name]
+
+        def dispatch(name: str, raw: bytes, context: grpc.ServicerContext) -> bytes:
+            call, serialize = resolve(name)
+            return serialize(call(raw, context))
+
+        def serve_control(requests: Iterator[Any], context: grpc.ServicerContext) -> Any:
+            who: auth.Identity | None = None
+            try:
+                self._check_version(md)
+                who = self._identify(md, context)
+                auth.authorize(who, details.method, self.rights.get(details.method,
+                                                                    auth.Right.ADMINISTER))
+            except Exception as e:  # noqa: BLE001 - a refused stream is a status, as a call
+                self._audit(details.method, who, None, e)
+                context.abort_with_status(status.to_status(e))
+            # In flight: the streams open now (the calls they carry count as their methods).
+            with self._counted(details.method):
+                yield from control.serve(requests, context, dispatch)
+
+        return grpc.stream_stream_rpc_method_handler(
+            serve_control,
+            request_deserializer=control.Request.FromString,
+            response_serializer=lambda m: m.SerializeToString(),
+        )
 
     def _check_version(self, md: Mapping[str, str]) -> None:
         theirs = md.get(VERSION_KEY)
@@ -267,6 +339,22 @@ class _Checks(grpc.ServerInterceptor):
             + ("a client certificate or a bearer token" if self.listen.tls else "bearer tokens"),
             "pass --token-file (or SNAPSHOTTER_TOKEN), or a client certificate (--tls-dir)",
         )
+
+
+class _Recording:
+    """The server as `register` sees it: the method handlers it adds are also kept by full
+    method name (the generated add_*Servicer_to_server functions register them this way)."""
+
+    def __init__(self, server: grpc.Server, into: dict[str, Any]) -> None:
+        self._server = server
+        self._into = into
+
+    def add_registered_method_handlers(self, service: str, handlers: dict[str, Any]) -> None:
+        self._into.update({f"/{service}/{m}": h for m, h in handlers.items()})
+        self._server.add_registered_method_handlers(service, handlers)  # type: ignore[attr-defined]
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._server, name)
 
 
 def _release(version: str) -> tuple[str, ...]:
@@ -317,12 +405,13 @@ def serve(
         )
         log.warning(msg)
         print(msg, file=sys.stderr, flush=True)
+    checks = _Checks(kind, listen, extra_check, audit)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"{kind}-rpc"),
-        interceptors=[_Checks(kind, listen, extra_check, audit)],
+        interceptors=[checks],
         options=OPTIONS,
     )
-    register(server)
+    register(_Recording(server, checks.handlers))  # type: ignore[arg-type]
     health_servicer = health.HealthServicer()
     health_pb2_grpc.add_HealthServicer_to_server(health_servicer, server)
     names = [*service_names, health.SERVICE_NAME, reflection.SERVICE_NAME]

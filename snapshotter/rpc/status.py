@@ -14,7 +14,7 @@ import logging
 from typing import Any
 
 import grpc
-from google.protobuf import struct_pb2
+from google.protobuf import json_format, struct_pb2
 from google.rpc import status_pb2
 from grpc_status import rpc_status
 
@@ -45,21 +45,32 @@ def status_code(err: errors.SnapshotterError) -> grpc.StatusCode:
     return grpc.StatusCode.ABORTED
 
 
-def to_status(err: BaseException) -> grpc.Status:
-    """The status a server aborts with for `err` (a non-snapshotter error is an Internal one,
-    logged with its traceback: it is a bug)."""
-    if not isinstance(err, errors.SnapshotterError):
-        log.error("internal error in a handler", exc_info=err)
-        err = errors.Internal(
-            f"internal error: {type(err).__name__}: {err}",
-            "see the service's log; this is a bug worth reporting",
-        )
+def as_snapshotter_error(err: BaseException) -> errors.SnapshotterError:
+    """`err` as what a caller is told (a non-snapshotter error is an Internal one, logged
+    with its traceback: it is a bug)."""
+    if isinstance(err, errors.SnapshotterError):
+        return err
+    log.error("internal error in a handler", exc_info=err)
+    return errors.Internal(
+        f"internal error: {type(err).__name__}: {err}",
+        "see the service's log; this is a bug worth reporting",
+    )
+
+
+def error_detail(err: errors.SnapshotterError) -> common_pb2.ErrorDetail:
+    """What a caller needs to rebuild `err` (from_detail)."""
     detail = common_pb2.ErrorDetail(code=err.code, cause=err.cause, next_step=err.next_step)
     if err.fields:
         detail.fields.update(_jsonable(err.field_values()))
+    return detail
+
+
+def to_status(err: BaseException) -> grpc.Status:
+    """The status a server aborts with for `err`."""
+    err = as_snapshotter_error(err)
     code = status_code(err)
     st = status_pb2.Status(code=code.value[0], message=str(err))
-    st.details.add().Pack(detail)
+    st.details.add().Pack(error_detail(err))
     return rpc_status.to_status(st)
 
 
@@ -96,19 +107,22 @@ def detail_of(e: grpc.RpcError) -> errors.SnapshotterError | None:
         if any_.Is(common_pb2.ErrorDetail.DESCRIPTOR):
             d = common_pb2.ErrorDetail()
             any_.Unpack(d)
-            fields = struct_pb2.Struct()
-            fields.CopyFrom(d.fields)
-            from google.protobuf import json_format
-
-            return errors.from_dict(
-                {
-                    "code": d.code,
-                    "cause": d.cause,
-                    "next_step": d.next_step,
-                    "fields": _native(json_format.MessageToDict(fields)),
-                }
-            )
+            return from_detail(d)
     return None
+
+
+def from_detail(d: common_pb2.ErrorDetail) -> errors.SnapshotterError:
+    """The error a server described (error_detail), as the same class with the same fields."""
+    fields = struct_pb2.Struct()
+    fields.CopyFrom(d.fields)
+    return errors.from_dict(
+        {
+            "code": d.code,
+            "cause": d.cause,
+            "next_step": d.next_step,
+            "fields": _native(json_format.MessageToDict(fields)),
+        }
+    )
 
 
 def from_rpc_error(
@@ -122,10 +136,7 @@ def from_rpc_error(
     details = (e.details() if hasattr(e, "details") else "") or ""
     short = method.rsplit("/", 1)[-1]
     if code == grpc.StatusCode.DEADLINE_EXCEEDED:
-        return errors.ServiceUnavailable(
-            f"{short} on {target} did not answer within its deadline",
-            "check that the service is alive (`snapshotter status`), then retry",
-        )
+        return deadline_error(short, target)
     if code == grpc.StatusCode.UNIMPLEMENTED:
         return errors.VersionMismatch(server, "(another release: it has no " + short + ")",
                                       "client", __version__)  # fmt: skip
@@ -144,6 +155,13 @@ def from_rpc_error(
         f"cannot reach {server} at {target} for {short}: {code.name if code else ''} "
         f"{details}".strip(),
         "start it (the CLI starts the embedded one by itself) or check the address",
+    )
+
+
+def deadline_error(method: str, target: str) -> errors.SnapshotterError:
+    return errors.ServiceUnavailable(
+        f"{method} on {target} did not answer within its deadline",
+        "check that the service is alive (`snapshotter status`), then retry",
     )
 
 

@@ -534,3 +534,25 @@ class LinkMeasurement(_message.Message):
     retrans: float
     error: str
     def __init__(self, rtt_ms: _Optional[float] = ..., mbps: _Optional[float] = ..., retrans: _Optional[float] = ..., error: _Optional[str] = ...) -> None: ...
+
+class ControlRequest(_message.Message):
+    __slots__ = ("id", "method", "request", "timeout_s")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    method: str
+    request: bytes
+    timeout_s: float
+    def __init__(self, id: _Optional[int] = ..., method: _Optional[str] = ..., request: _Optional[bytes] = ..., timeout_s: _Optional[float] = ...) -> None: ...
+
+class ControlReply(_message.Message):
+    __slots__ = ("id", "reply", "error")
+    ID_FIELD_NUMBER: _ClassVar[int]
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    id: int
+    reply: bytes
+    error: _common_pb2.ErrorDetail
+    def __init__(self, id: _Optional[int] = ..., reply: _Optional[bytes] = ..., error: _Optional[_Union[_common_pb2.ErrorDetail, _Mapping]] = ...) -> None: ...

@@ -40,6 +40,11 @@ class AgentStub:
                 request_serializer=snapshotter_dot_v1_dot_common__pb2.Empty.SerializeToString,
                 response_deserializer=snapshotter_dot_v1_dot_common__pb2.AgentInfo.FromString,
                 _registered_method=True)
+        self.Control = channel.stream_stream(
+                '/snapshotter.v1.Agent/Control',
+                request_serializer=snapshotter_dot_v1_dot_agent__pb2.ControlRequest.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_agent__pb2.ControlReply.FromString,
+                _registered_method=True)
         self.OpenRdzv = channel.unary_unary(
                 '/snapshotter.v1.Agent/OpenRdzv',
                 request_serializer=snapshotter_dot_v1_dot_agent__pb2.OpenRdzvRequest.SerializeToString,
@@ -207,6 +212,16 @@ class AgentServicer:
 
     def Ping(self, request, context):
         """Missing associated documentation comment in .proto file."""
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Control(self, request_iterator, context):
+        """Many unary calls of this service over one long-lived stream (what the coordinator's
+        fan-outs use: a message on an open stream costs both ends less than a new call). Each
+        message is checked as the call it carries would be: its method's own right, the fence,
+        the request's type (snapshotter/rpc/control.py).
+        """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
         raise NotImplementedError('Method not implemented!')
@@ -428,6 +443,11 @@ def add_AgentServicer_to_server(servicer, server):
                     request_deserializer=snapshotter_dot_v1_dot_common__pb2.Empty.FromString,
                     response_serializer=snapshotter_dot_v1_dot_common__pb2.AgentInfo.SerializeToString,
             ),
+            'Control': grpc.stream_stream_rpc_method_handler(
+                    servicer.Control,
+                    request_deserializer=snapshotter_dot_v1_dot_agent__pb2.ControlRequest.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_agent__pb2.ControlReply.SerializeToString,
+            ),
             'OpenRdzv': grpc.unary_unary_rpc_method_handler(
                     servicer.OpenRdzv,
                     request_deserializer=snapshotter_dot_v1_dot_agent__pb2.OpenRdzvRequest.FromString,
@@ -616,6 +636,33 @@ class Agent:
             '/snapshotter.v1.Agent/Ping',
             snapshotter_dot_v1_dot_common__pb2.Empty.SerializeToString,
             snapshotter_dot_v1_dot_common__pb2.AgentInfo.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Control(request_iterator,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.stream_stream(
+            request_iterator,
+            target,
+            '/snapshotter.v1.Agent/Control',
+            snapshotter_dot_v1_dot_agent__pb2.ControlRequest.SerializeToString,
+            snapshotter_dot_v1_dot_agent__pb2.ControlReply.FromString,
             options,
             channel_credentials,
             insecure,

@@ -36,6 +36,10 @@ def test_512_agents_freeze_in_order_commit_and_stay_alive(tmp_path: Path, capsys
         assert all(r["beat_failures"] == 0 and r["beats"] >= 3 for r in report.values())
         assert all(r["calls"].get("prepare") == 2 and r["calls"].get("finish") == 2
                    for r in report.values())  # fmt: skip
+        # Every phase call of the launch and both freezes rode one Control stream per agent
+        # (rpc/control.py), opened once and kept.
+        streams = {n: r["calls"].get("control") for n, r in report.items()}
+        assert set(streams.values()) == {1}, streams
         with capsys.disabled():
             print(f"\n{AGENTS} simulated agents x {NPROC} ranks: started in {rig.start_s:.2f}s, "
                   f"launch {launch_s:.2f}s")  # fmt: skip

@@ -33,8 +33,10 @@ from pathlib import Path
 from typing import Any
 
 import grpc
+from google.protobuf import message_factory
 
-from snapshotter import __version__
+from snapshotter import __version__, errors
+from snapshotter.rpc import status
 from snapshotter.rpc.server import PEER_KEY, VERSION_KEY
 from snapshotter.v1 import agent_pb2, agent_pb2_grpc, common_pb2, coordinator_pb2_grpc
 from snapshotter.v1 import coordinator_pb2 as cpb
@@ -211,6 +213,47 @@ class SimAgent(agent_pb2_grpc.AgentServicer):
 
     async def SetPolicy(self, req: agent_pb2.JobPolicy, ctx: Any) -> agent_pb2.NodeJob:
         return self._node_job()
+
+    async def Control(self, requests: Any, ctx: Any) -> Any:
+        """The real agent's Control stream (snapshotter/rpc/control.py) over this servicer:
+        every carried call runs at once, its reply or its refusal goes back with its id."""
+        self._count("control")
+        replies: asyncio.Queue[agent_pb2.ControlReply] = asyncio.Queue()
+        running: set[asyncio.Task[None]] = set()
+
+        async def one(req: agent_pb2.ControlRequest) -> None:
+            try:
+                method = _SERVICE.methods_by_name[req.method]
+                parse = message_factory.GetMessageClass(method.input_type).FromString
+                reply = await getattr(self, req.method)(parse(req.request), _Carried())
+                rep = agent_pb2.ControlReply(id=req.id, reply=reply.SerializeToString())
+            except Exception as e:  # noqa: BLE001 - goes back as the call's error
+                err = status.error_detail(status.as_snapshotter_error(e))
+                rep = agent_pb2.ControlReply(id=req.id, error=err)
+            await replies.put(rep)
+
+        async def read() -> None:
+            async for req in requests:
+                t = asyncio.create_task(one(req))
+                running.add(t)
+                t.add_done_callback(running.discard)
+
+        reader = asyncio.create_task(read())
+        try:
+            while True:
+                yield await replies.get()
+        finally:
+            reader.cancel()
+
+
+_SERVICE = agent_pb2.DESCRIPTOR.services_by_name["Agent"]
+
+
+class _Carried:
+    """A carried call's context: its refusal fails that call alone, not the stream."""
+
+    async def abort(self, code: grpc.StatusCode, details: str) -> None:
+        raise errors.FreezeRefused(f"{code.name}: {details}", "")
 
 
 @dataclass(frozen=True)
