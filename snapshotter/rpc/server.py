@@ -215,30 +215,36 @@ class _Checks(grpc.ServerInterceptor):
             in_flight.dec()
             self.metrics.observe(method, outcome[0], time.monotonic() - t0)
 
+    @contextlib.contextmanager
+    def _serving(self, method: str, md: Mapping[str, str], context: grpc.ServicerContext,
+                 parse: Callable[[bytes], Any] | None, raw: bytes) -> Iterator[Any]:  # fmt: skip
+        """One call through every check: yields its request to the handler's code, and
+        audits and counts it however that ends (a failure is raised on)."""
+        who: auth.Identity | None = None
+        request: Any = None
+        with self._counted(method) as outcome:
+            try:
+                request, who = self._admit(method, md, context, parse, raw)
+                token = _CALL.set((context, who))
+                try:
+                    yield request
+                finally:
+                    _CALL.reset(token)
+                self._audit(method, who, request, None)
+            except Exception as e:
+                outcome[0] = str(getattr(e, "code", "internal"))
+                self._audit(method, who, request, e)
+                raise
+
     def _checked(
         self, method: str, handler: Any, md: Mapping[str, str]
     ) -> Callable[[bytes, grpc.ServicerContext], Any]:
-        """The unary `handler` behind every check: returns its reply, raises its failure
-        (audited and counted either way)."""
+        """The unary `handler` behind every check: returns its reply, raises its failure."""
         inner, parse = handler.unary_unary, handler.request_deserializer
 
         def call(raw: bytes, context: grpc.ServicerContext) -> Any:
-            who: auth.Identity | None = None
-            request: Any = None
-            with self._counted(method) as outcome:
-                try:
-                    request, who = self._admit(method, md, context, parse, raw)
-                    token = _CALL.set((context, who))
-                    try:
-                        reply = inner(request, context)
-                    finally:
-                        _CALL.reset(token)
-                    self._audit(method, who, request, None)
-                    return reply
-                except Exception as e:
-                    outcome[0] = str(getattr(e, "code", "internal"))
-                    self._audit(method, who, request, e)
-                    raise
+            with self._serving(method, md, context, parse, raw) as request:
+                return inner(request, context)
 
         return call
 
@@ -246,21 +252,11 @@ class _Checks(grpc.ServerInterceptor):
         inner_s, parse = handler.unary_stream, handler.request_deserializer
 
         def stream(raw: bytes, context: grpc.ServicerContext) -> Iterator[Any]:
-            who: auth.Identity | None = None
-            request: Any = None
-            with self._counted(method) as outcome:
-                try:
-                    request, who = self._admit(method, md, context, parse, raw)
-                    token = _CALL.set((context, who))
-                    try:
-                        yield from inner_s(request, context)
-                    finally:
-                        _CALL.reset(token)
-                    self._audit(method, who, request, None)
-                except Exception as e:  # noqa: BLE001
-                    outcome[0] = str(getattr(e, "code", "internal"))
-                    self._audit(method, who, request, e)
-                    context.abort_with_status(status.to_status(e))
+            try:
+                with self._serving(method, md, context, parse, raw) as request:
+                    yield from inner_s(request, context)
+            except Exception as e:  # noqa: BLE001 - every failure becomes a status
+                context.abort_with_status(status.to_status(e))
 
         return grpc.unary_stream_rpc_method_handler(
             stream, response_serializer=handler.response_serializer
