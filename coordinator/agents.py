@@ -63,7 +63,9 @@ class AgentHandle:
     def retire(self, after_s: float = RETIRE_S) -> None:
         """Close the channel later: an operation may still be calling the old incarnation
         from another thread, and grpc closing a channel under a call in flight can crash
-        the process (seen here: a segfault in cygrpc when an agent restarted mid-upload)."""
+        the process (seen here: a segfault in cygrpc when an agent restarted mid-upload).
+        Its Control stream ends now (a call made on it meanwhile is a call of its own)."""
+        self.aio.end_stream()
         t = threading.Timer(after_s, self.close)
         t.daemon = True
         t.start()

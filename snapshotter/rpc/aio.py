@@ -153,12 +153,19 @@ class AioClient:
             e, self.target.address, method, self._server, self.target.tls is not None
         )
 
+    def end_stream(self) -> None:
+        """Close the Control stream, if one is open, and make later calls calls of their own
+        (a replaced agent's handle: its stream must not hold a thread of the agent now at its
+        address for as long as calls already made on the handle may take)."""
+        self._control_service = None
+        if self._control is not None:
+            LOOP.soon(_call_on_loop(self._control.close))
+            self._control = None
+
     def close(self) -> None:
         """Close the channel (on the loop; calls in flight on it fail)."""
         self._closed = True
         ch, self._channel, self._stub = self._channel, None, None
-        if self._control is not None:
-            LOOP.soon(_call_on_loop(self._control.close))
-            self._control = None
+        self.end_stream()
         if ch is not None:
             LOOP.soon(ch.close())

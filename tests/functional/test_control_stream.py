@@ -285,3 +285,20 @@ def test_calls_in_flight_on_one_stream_are_bounded(
         assert sum(1 for g in got if getattr(g, "state", "") == "CANCELLED") == 2
     finally:
         c.close()
+
+
+def test_a_retired_handle_ends_its_stream_and_calls_on_without_one(agent: Agent) -> None:
+    c = agent.client()
+    before = streams_open()
+    try:
+        assert run(c, "Ping", common_pb2.Empty()).node == "n1"
+        assert streams_open() == before + 1
+        c.end_stream()
+        deadline = time.monotonic() + 10
+        while streams_open() != before and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert streams_open() == before  # the agent's thread for it is free again
+        assert run(c, "Status", common_pb2.JobRef(job_id="j1")).job_id == "j1"
+        assert streams_open() == before  # a call of its own, no new stream
+    finally:
+        c.close()
