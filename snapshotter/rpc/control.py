@@ -28,6 +28,7 @@ import collections
 import functools
 import heapq
 import itertools
+import math
 import queue
 import re
 import threading
@@ -71,7 +72,9 @@ class _CarriedContext:
 
     def __init__(self, stream: grpc.ServicerContext, timeout_s: float) -> None:
         self._stream = stream
-        self._deadline = time.monotonic() + timeout_s if timeout_s > 0 else None
+        # From the network: anything but a positive finite number means no deadline.
+        ok = math.isfinite(timeout_s) and timeout_s > 0
+        self._deadline = time.monotonic() + timeout_s if ok else None
 
     def is_active(self) -> bool:
         alive = self._stream.is_active()

@@ -302,3 +302,19 @@ def test_a_retired_handle_ends_its_stream_and_calls_on_without_one(agent: Agent)
         assert streams_open() == before  # a call of its own, no new stream
     finally:
         c.close()
+
+
+def test_a_deadline_that_is_no_number_is_no_deadline(agent: Agent) -> None:
+    ch = grpc.insecure_channel(agent.address)
+    md = (("authorization", f"Bearer {agent.coord_token}"), ("snapshotter-fence", "2:c1"))
+    slow = common_pb2.JobRef(job_id="slow").SerializeToString()
+    asks = [agent_pb2.ControlRequest(id=i, method="Cancel", request=slow, timeout_s=t)
+            for i, t in enumerate((float("nan"), float("-inf"), -1.0), start=1)]  # fmt: skip
+    try:
+        replies = list(agent_pb2_grpc.AgentStub(ch).Control(iter(asks), metadata=md, timeout=20))
+    finally:
+        ch.close()
+    assert sorted(r.id for r in replies) == [1, 2, 3]
+    assert all(agent_pb2.NodeJob.FromString(r.reply).state == "CANCELLED" for r in replies)
+    # Their handlers ran to the end with their caller still there.
+    assert agent.servicer.active_after_slow == [True, True, True]
