@@ -51,6 +51,9 @@ class FreezeSettings:
     quiesce_timeout: float = 60.0
     suspend_timeout: float = 60.0
     resume_timeout: float = 120.0
+    # A node's lease is renewed once it has had no call for half this, checked 4 times as
+    # often: renewed within 0.75 x keepalive_s of its last call (an agent's --freeze-lease
+    # must be longer; its default is 60 s).
     keepalive_s: float = 5.0
     # How long a node whose agent went silent may take to answer again before it counts as
     # lost: an agent under a keeper is started again within seconds and re-adopts its ranks.
@@ -127,10 +130,11 @@ class FreezeOperation:
         self._quiesce_s = 0.0
         self._targets: dict[str, int] = {}
         self._spans: list[pb.Span] = []  # appended to from the event loop's thread
-        # Phase calls in flight per node, and when the last one started (see _keep_alive).
+        # Phase calls in flight per node, and when the last one started or ended: what the
+        # agent's lease counts from (see _keep_alive).
         self._calls_lock = threading.Lock()
         self._in_flight: dict[str, int] = {}
-        self._called: dict[str, float] = {}
+        self._touched: dict[str, float] = {}
         # The data-link plane the ranks rebuild on at a resume (None: the one they had; a
         # restarted agent re-adopts its ranks on plane 0, so the coordinator always says).
         self.plane: int | None = None
@@ -167,17 +171,19 @@ class FreezeOperation:
                         started=lambda a: self._calling(a.name, +1), ended=ended)  # fmt: skip
 
     def _calling(self, node: str, n: int) -> None:
-        """A phase call on `node` starts (+1) or ends (-1): each renews the agent's lease at
-        its start and holds it while in flight (agent/freeze.py), so `_keep_alive` need not."""
+        """A phase call on `node` starts (+1) or ends (-1): the agent renews its lease at
+        both and holds it while the call is in flight (agent/freeze.py), so `_keep_alive`
+        need not."""
         with self._calls_lock:
             self._in_flight[node] = self._in_flight.get(node, 0) + n
-            if n > 0:
-                self._called[node] = time.monotonic()
+            self._touched[node] = time.monotonic()
 
     def _needs_renewal(self, node: str, now: float) -> bool:
+        """Whether `node` has been without a call for half of `keepalive_s` (its lease was
+        last renewed then)."""
         with self._calls_lock:
             idle = not self._in_flight.get(node, 0)
-            return idle and now - self._called.get(node, 0.0) >= self.settings.keepalive_s
+            return idle and now - self._touched.get(node, 0.0) >= self.settings.keepalive_s / 2
 
     def _span(self, node: str, phase: str, start: float, end: float, rank: int = -1) -> None:
         self._spans.append(pb.Span(node=node, rank=rank, phase=phase, start=start, end=end))
@@ -212,9 +218,10 @@ class FreezeOperation:
         One thread ticks for all nodes; each renewal runs on its own (cached) thread and a
         node whose last renewal has not come back is skipped, so a node that does not answer
         never delays the others' (a thread per node would be 2,048 threads per freeze). A
-        node with a phase call in flight, or one started within `keepalive_s`, has its lease
-        renewed by that call: at 2,048 nodes, renewals nobody needs cost a phase's worth of
-        calls every `keepalive_s`."""
+        node with a phase call in flight, or one made within half of `keepalive_s`, has its
+        lease renewed by that call: at 2,048 nodes, renewals nobody needs cost a phase's worth of
+        calls every `keepalive_s`. Ticking every `keepalive_s` once let a lease of 8 s run
+        out: a node last called just after a tick was renewed only ~10 s later."""
         pending: set[str] = set()
         lock = threading.Lock()
         ks = self.settings.keepalive_s
@@ -229,7 +236,7 @@ class FreezeOperation:
                     pending.discard(a.name)
 
         def tick() -> None:
-            while not done.wait(ks):
+            while not done.wait(ks / 4):
                 # self.agents: a node whose agent restarted is renewed at its new handle.
                 now = time.monotonic()
                 with lock:

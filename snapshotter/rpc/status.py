@@ -167,5 +167,7 @@ def deadline_error(method: str, target: str) -> errors.SnapshotterError:
 
 def _handshake(details: str) -> bool:
     d = details.lower()
+    if "stream removed" in d:
+        return False  # a call under way when its connection went (a peer killed mid-stream)
     return any(w in d for w in ("handshake", "ssl", "tls", "certificate", "socket closed",
                                 "verification"))

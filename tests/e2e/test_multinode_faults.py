@@ -149,7 +149,9 @@ def test_a_crashed_agent_never_costs_the_job(healthy: Deployment, tmp_path: Path
     agent re-adopts the ranks (node 0 serves the job's rendezvous on its old port), the job
     trains on, and a later freeze --stop and thaw run it to the end."""
     dep = healthy
-    steps = 400
+    # Enough steps that the job still trains after three agent restarts (each ~7-8 s on a
+    # loaded CI machine) and two failed freezes: with 400 it once ended first.
+    steps = 800
     out = tmp_path / "out.json"
     job = dep.cli.start_job(out, "--steps", str(steps), *FAST, nodes="a,b")
     dep.cli.wait_step(job, 20)

@@ -114,7 +114,9 @@ class Soak:
         out = self.out_dir / f"job-{i}.json"
         stop_thaw = i == 1 or i % 5 == 0
         freezes = stop_thaw or i % 3 == 0
-        job = self._start(out, FREEZE_JOB_ARGS if freezes else JOB_ARGS)
+        # The rank killed must still be running when the kill reaches it: 27 steps at 0.02 s
+        # after step 3 were over before `snapshotter status` answered on a loaded CI machine.
+        job = self._start(out, FREEZE_JOB_ARGS if freezes or i == KILL_AT else JOB_ARGS)
         self.report.count("launched")
         if i == KILL_AT:
             self._kill_a_rank(job)

@@ -65,12 +65,27 @@ def test_a_node_with_a_phase_call_in_flight_or_just_made_is_not_renewed() -> Non
     op._keep_alive(done)
     t_end = time.monotonic() + 0.9
     try:
-        while time.monotonic() < t_end:  # "recent" answers a phase call every 0.1 s
+        while time.monotonic() < t_end:  # "recent" answers a phase call every 0.05 s
             op._calling("recent", +1)
             op._calling("recent", -1)
-            time.sleep(0.1)
+            time.sleep(0.05)
     finally:
         done.set()
         op._calling("busy", -1)
     assert agents[0].stub.renewals == 0 and agents[1].stub.renewals == 0
     assert agents[2].stub.renewals >= 3
+
+
+def test_a_lease_is_renewed_within_three_quarters_of_keepalive_after_the_last_call() -> None:
+    """The agent's lease counts from a call's start and its end; the ticker renews a node
+    idle for half of keepalive_s, ticking every quarter: within 0.75 x keepalive_s of the
+    last call (3.75 s with the default 5 s; an 8 s lease once ran out with ~10 s)."""
+    spec = JobSpec("j", "t.py", [], False, "python", "/", {})
+    op = FreezeOperation(spec, [_Agent("a")], store=None, stop=False,  # type: ignore[arg-type]
+                         settings=FreezeSettings(keepalive_s=4.0), on_committed=print)  # fmt: skip
+    op._calling("a", +1)
+    assert not op._needs_renewal("a", time.monotonic() + 100)  # in flight: held by the call
+    op._calling("a", -1)  # a long call (a Dump) ends: counted from its end, not its start
+    ended = time.monotonic()
+    assert not op._needs_renewal("a", ended + 1.9)
+    assert op._needs_renewal("a", ended + 2.1)
