@@ -127,24 +127,39 @@ class Hook:
                 view = view[n:]
 
     def _read_loop(self) -> None:
+        try:
+            self._read_until_agent_gone()
+        finally:
+            # Whatever ended the loop, the end below must run: a reader thread that died of an
+            # exception would leave a suspended rank alive forever, out of every agent's reach.
+            self._agent_gone()
+
+    def _read_until_agent_gone(self) -> None:
         decoder = protocol.LineDecoder()
         while True:
             try:
                 chunk = os.read(self.fd_in, 65536)
             except OSError:
-                break
+                return
             if not chunk:
-                break
+                return
             for line in decoder.feed(chunk):
-                self._handle_line(line)
-        # The agent is gone: never leave a thread held or parked for a freeze nobody finishes.
+                try:
+                    self._handle_line(line)
+                except OSError:  # its reply cannot be written: nobody reads the channel
+                    return
+
+    def _agent_gone(self) -> None:
+        # Never leave a thread held or parked for a freeze nobody finishes.
         try:
             self.barrier.abort("")
         except BarrierError:
             pass
         if self.barrier.state is State.SUSPENDED:
             # Communicators are down and only the agent could bring them back: a rank left
-            # like this would hang its job's other ranks and hold its memory forever.
+            # like this would hang its job's other ranks and hold its memory forever. (An agent
+            # killed while it restored this rank took the only reader of its stderr with it:
+            # the warning may go nowhere, the exit must still happen.)
             warn("the node agent is gone while this rank was suspended for a freeze; exiting")
             os._exit(75)
 
@@ -312,4 +327,8 @@ def from_env() -> Hook | None:
 
 
 def warn(msg: str) -> None:
-    print(f"snapshotter: {msg}", file=sys.stderr, flush=True)
+    """Say `msg` on stderr, or nothing when no one reads it any more (never raises)."""
+    try:
+        print(f"snapshotter: {msg}", file=sys.stderr, flush=True)
+    except (OSError, ValueError):  # a broken or closed stderr
+        pass
