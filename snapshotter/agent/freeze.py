@@ -101,6 +101,9 @@ class Freeze:
     # Ranks a Resume of this freeze was asked to resume already (a migration of single ranks
     # resumes the others first, and the moving ones only if their move fails).
     resumed: set[int] = field(default_factory=set)
+    # The job as this freeze found it. Once that job ended, the same id may name another (a
+    # recovery thaws the job again on this node): the lease's recovery must never touch that.
+    job: NodeJob | None = None
 
 
 _SEEDS_KEPT = 64
@@ -171,7 +174,9 @@ class Freezes:
             job.op_lock.release()
             raise
         with self._lock:
-            self._freezes[freeze_id] = Freeze(freeze_id, job_id, self.paths.work_dir(freeze_id))
+            self._freezes[freeze_id] = Freeze(
+                freeze_id, job_id, self.paths.work_dir(freeze_id), job=job
+            )
         reply = agent_pb2.PrepareReply()
         for rank, c in counts.items():
             reply.counts[rank].issued.update({str(k): int(v) for k, v in c.items()})
@@ -542,8 +547,11 @@ class Freezes:
         for fr in due:
             try:
                 self._abandon(fr)
-            except Exception:  # noqa: BLE001 - the watchdog must keep running
-                log.exception("recovering abandoned freeze %s failed", fr.freeze_id)
+            except Exception as e:  # noqa: BLE001 - the watchdog must keep running
+                if isinstance(e, errors.SnapshotterError):  # a known cause: say it, no trace
+                    log.error("recovering abandoned freeze %s failed: %s", fr.freeze_id, e)
+                else:
+                    log.exception("recovering abandoned freeze %s failed", fr.freeze_id)
                 with self._lock:
                     self._freezes.pop(fr.freeze_id, None)  # once: never retried
                 if fr.writer is not None:
@@ -558,7 +566,7 @@ class Freezes:
             fr.freeze_id, fr.job_id, self.lease_s,
             "resuming the ranks" if fr.phase.ranks_held else "releasing the ranks",
         )  # fmt: skip
-        job = self.jobs.get(fr.job_id)
+        job = fr.job if fr.job is not None else self.jobs.get(fr.job_id)
         if job.state.terminal or len(job.alive_ranks()) != len(job.ranks):
             job.stop(NodeJobState.FAILED)  # nothing left to put back
             self._end(job, fr.freeze_id)
