@@ -110,8 +110,24 @@ def _no_ranks_left(dep: Deployment) -> None:
     deadline = time.monotonic() + 60
     while alive := rank_sandbox_pids(dep.cluster):
         if time.monotonic() > deadline:
-            raise AssertionError(f"rank sandboxes still alive: {alive}\n{dep.logs()}")
+            raise AssertionError(f"rank sandboxes still alive:\n{_where(dep, alive)}\n"
+                                 f"{dep.logs()}")  # fmt: skip
         time.sleep(0.5)
+
+
+def _where(dep: Deployment, pids: list[int]) -> str:
+    """Each sandbox's node and state (its command line names the node it was dumped on, not
+    the node it runs on after a restore)."""
+    out = []
+    for name in dep.cluster.nodes:
+        for pid in set(pids) & set(pids_in_node(dep.cluster, name)):
+            try:
+                state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+                threads = len(os.listdir(f"/proc/{pid}/task"))
+            except OSError:
+                continue
+            out.append(f"  node {name}: pid {pid}, state {state}, {threads} thread(s)")
+    return "\n".join(out)
 
 
 def _snapshots(dep: Deployment, job: str) -> list[str]:
