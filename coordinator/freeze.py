@@ -33,6 +33,7 @@ from snapshotter.coordinator.agents import AgentHandle, call_all, on_all, stream
 from snapshotter.coordinator.decisions import pick_targets, snapshot_id
 from snapshotter.launch.spec import JobSpec
 from snapshotter.rpc import convert
+from snapshotter.rpc.aio import LOOP
 from snapshotter.storage import format as fmt
 from snapshotter.storage.api import ObjectStore
 from snapshotter.storage.sealing import Seal
@@ -215,9 +216,11 @@ class FreezeOperation:
     def _keep_alive(self, done: threading.Event) -> None:
         """Renew every agent's lease on this freeze while it runs: a node that is quick in a
         phase must not give up while a slower one still works (agent/freeze.py: leases).
-        One thread ticks for all nodes; each renewal runs on its own (cached) thread and a
-        node whose last renewal has not come back is skipped, so a node that does not answer
-        never delays the others' (a thread per node would be 2,048 threads per freeze). A
+        One thread ticks for all nodes; the renewals are calls on the process's event loop
+        (over each agent's Control stream), and a node whose last renewal has not come back is
+        skipped, so a node that does not answer never delays the others'. A thread per node, or
+        per renewal in flight, was 2,048 threads during a 2,048-node upload (a stream that no
+        `_calling` counts, so every node needs renewing while it runs). A
         node with a phase call in flight, or one made within half of `keepalive_s`, has its
         lease renewed by that call: at 2,048 nodes, renewals nobody needs cost a phase's worth of
         calls every `keepalive_s`. Ticking every `keepalive_s` once let a lease of 8 s run
@@ -226,11 +229,11 @@ class FreezeOperation:
         lock = threading.Lock()
         ks = self.settings.keepalive_s
 
-        def renew(a: AgentHandle) -> None:
+        async def renew(a: AgentHandle) -> None:
             try:
-                a.stub.KeepFreeze(self._ref(), timeout=ks)
-            except errors.SnapshotterError:
-                pass  # the phase that needs it fails on its own
+                await a.aio.call("KeepFreeze", self._ref(), ks)
+            except Exception:  # noqa: BLE001 - the phase that needs it fails on its own
+                pass
             finally:
                 with lock:
                     pending.discard(a.name)
@@ -246,7 +249,7 @@ class FreezeOperation:
                     ]  # fmt: skip
                     pending.update(a.name for a in due)
                 for a in due:
-                    parallel.CACHED.submit(renew, a)
+                    LOOP.soon(renew(a))
 
         threading.Thread(target=tick, daemon=True, name=f"keep-{self.freeze_id}").start()
 

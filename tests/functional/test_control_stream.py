@@ -11,6 +11,7 @@ import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
+from types import SimpleNamespace
 from typing import Any
 
 import grpc
@@ -53,6 +54,11 @@ class Servicer(agent_pb2_grpc.AgentServicer):
             time.sleep(1.5)
             self.active_after_slow.append(caller_active())
         return agent_pb2.NodeJob(job_id=request.job_id, state="CANCELLED", node="n1")
+
+
+    def KeepFreeze(self, request: agent_pb2.FreezeRef, context: Any) -> Any:
+        self.calls.append("KeepFreeze")
+        return agent_pb2.KeepFreezeReply(known=request.freeze_id == "frz-1")
 
 
 class Agent:
@@ -318,3 +324,29 @@ def test_a_deadline_that_is_no_number_is_no_deadline(agent: Agent) -> None:
     assert all(agent_pb2.NodeJob.FromString(r.reply).state == "CANCELLED" for r in replies)
     # Their handlers ran to the end with their caller still there.
     assert agent.servicer.active_after_slow == [True, True, True]
+
+
+def test_a_freezes_lease_renewals_ride_the_stream(agent: Agent) -> None:
+    """coordinator/freeze.py renews an idle node's lease with calls on the event loop, carried
+    by the node's Control stream: no thread per renewal."""
+    from snapshotter.coordinator.freeze import FreezeOperation, FreezeSettings
+    from snapshotter.launch.spec import JobSpec
+
+    c = agent.client()
+    handle = SimpleNamespace(name="n1", incarnation="", aio=c, target=Target(agent.address))
+    spec = JobSpec("j1", "t.py", [], False, "python", "/", {})
+    op = FreezeOperation(spec, [handle], store=None, stop=False,  # type: ignore[arg-type, list-item]
+                         settings=FreezeSettings(keepalive_s=0.2), on_committed=print)  # fmt: skip
+    op.freeze_id = "frz-1"
+    before = streams_open()
+    done = threading.Event()
+    op._keep_alive(done)
+    try:
+        deadline = time.monotonic() + 10
+        while agent.servicer.calls.count("KeepFreeze") < 3:
+            assert time.monotonic() < deadline, agent.servicer.calls
+            time.sleep(0.05)
+        assert streams_open() == before + 1  # carried by the one stream, which stays open
+    finally:
+        done.set()
+        c.close()

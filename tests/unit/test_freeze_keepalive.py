@@ -3,6 +3,7 @@ node that does not answer never holds up the others' renewals."""
 
 from __future__ import annotations
 
+import asyncio
 import threading
 import time
 from typing import Any
@@ -13,23 +14,30 @@ from snapshotter.launch.spec import JobSpec
 from snapshotter.rpc.client import Target
 
 
-class _Stub:
+class _Calls:
+    """An agent handle's calls on the event loop (rpc/aio.py), counting the renewals."""
+
     def __init__(self, hang: threading.Event | None) -> None:
         self.renewals = 0
         self.hang = hang
+        self.threads: set[str] = set()
 
-    def KeepFreeze(self, ref: Any, timeout: float) -> None:  # noqa: N802 - the gRPC method
+    async def call(self, method: str, request: Any, timeout: float | None) -> Any:
+        assert method == "KeepFreeze", method
         self.renewals += 1
+        self.threads.add(threading.current_thread().name)
         if self.hang is not None:
-            self.hang.wait(10)  # longer than its deadline: a call stuck in the transport
+            while not self.hang.is_set():  # a call stuck in the transport, never answered
+                await asyncio.sleep(0.05)
             raise errors.ServiceUnavailable("no answer", "wait")
+        return None
 
 
 class _Agent:
     def __init__(self, name: str, hang: threading.Event | None = None) -> None:
         self.name = name
         self.incarnation = ""
-        self.stub = _Stub(hang)
+        self.aio = _Calls(hang)
         self.target = Target("unix:/nowhere")
 
 
@@ -48,9 +56,11 @@ def test_every_node_is_renewed_and_a_silent_one_delays_no_other() -> None:
     finally:
         done.set()
         released.set()
-    renewed = [a.stub.renewals for a in agents[:-1]]
+    renewed = [a.aio.renewals for a in agents[:-1]]
     assert min(renewed) >= 4, renewed  # ~6 ticks, whatever the silent node does
-    assert agents[-1].stub.renewals == 1  # still in flight: never asked twice at once
+    assert agents[-1].aio.renewals == 1  # still in flight: never asked twice at once
+    # Every renewal ran on the one event-loop thread, none on a thread of its own.
+    assert len(set().union(*(a.aio.threads for a in agents))) == 1
 
 
 def test_a_node_with_a_phase_call_in_flight_or_just_made_is_not_renewed() -> None:
@@ -72,8 +82,8 @@ def test_a_node_with_a_phase_call_in_flight_or_just_made_is_not_renewed() -> Non
     finally:
         done.set()
         op._calling("busy", -1)
-    assert agents[0].stub.renewals == 0 and agents[1].stub.renewals == 0
-    assert agents[2].stub.renewals >= 3
+    assert agents[0].aio.renewals == 0 and agents[1].aio.renewals == 0
+    assert agents[2].aio.renewals >= 3
 
 
 def test_a_lease_is_renewed_within_three_quarters_of_keepalive_after_the_last_call() -> None:
