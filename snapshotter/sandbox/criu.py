@@ -46,7 +46,7 @@ from typing import Any
 
 from snapshotter.errors import CriuFailed, CriuUnavailable, SandboxError
 from snapshotter.procutil import proc_state, sandbox_pids
-from snapshotter.sandbox import children
+from snapshotter.sandbox import children, tcp_repair
 from snapshotter.sandbox.images import ensure_mountpoints, ensure_socket_dirs, has_mount_ns
 from snapshotter.sandbox.spawn import PIPE_NAMES, Sandbox, is_subreaper, netns_path, new_pipes
 
@@ -196,6 +196,8 @@ def dump(
             while_stopped(images_dir)
     finally:
         if stop_after:
+            # CRIU left the sockets of the tree it left stopped in TCP repair mode.
+            tcp_repair.repair_off([pid, *sandbox_pids(pid)])
             continue_tree(pid)
     wall = time.monotonic() - start
     return _dump_stats(images_dir, log_dir, log_dir / log_name, wall)

@@ -197,6 +197,41 @@ def test_an_established_connection_stays_up_and_comes_back_closed(
             assert to_server(sb.pid, port) == ["ESTABLISHED"]
 
 
+def test_a_connection_carries_on_after_a_dump_that_left_the_tree_stopped(
+    sandboxes: Sandboxes, rank_py: Path, tmp_path: Path
+) -> None:
+    """What a freeze does (the tree left stopped while files are copied, then continued):
+    the rank's connection to an outside service carries requests and replies as before.
+    CRIU leaves the sockets of a tree it leaves stopped in TCP repair mode, where nothing
+    sent goes out: the job's client then waited for its timeout (10 s) and reconnected."""
+
+    def round_trip(conn: socket.socket, data: bytes) -> bytes:
+        conn.sendall(data)
+        got = b""
+        while not got.endswith(b"\n"):
+            chunk = conn.recv(4096)
+            assert chunk, "the rank closed the connection"
+            got += chunk
+        return got
+
+    with socket.create_server(("127.0.0.1", 0)) as server:
+        sb = sandboxes.spawn(rank_py, "--tcp", str(server.getsockname()[1]), "--tcp-echo")
+        server.settimeout(10)
+        conn, _ = server.accept()
+        with conn:
+            conn.settimeout(10)
+            assert round_trip(conn, b"before\n") == b"before\n"
+            stopped = []
+            criu.dump(sb.pid, tmp_path / "img", leave_running=True, log_dir=tmp_path / "l",
+                      while_stopped=stopped.append)  # fmt: skip
+            assert stopped == [tmp_path / "img"]
+            try:
+                echoed = round_trip(conn, b"after\n")
+            except TimeoutError:
+                echoed = b"(nothing within 10 s)"
+            assert echoed == b"after\n"
+
+
 @pytest.mark.timeout(120)
 def test_rank_with_worker_pipe_and_unlinked_shm_survives(
     sandboxes: Sandboxes, rank_py: Path, tmp_path: Path

@@ -25,6 +25,7 @@ from snapshotter.sandbox.spawn import Sandbox, become_subreaper, spawn
 # control lines from fd 3 to fd 4; SIGTERM runs a handler. Options:
 #   --exit N   exit N at once            --child   fork a worker fed through a pipe
 #   --tcp PORT hold a TCP connection     --shm MB  keep an unlinked /dev/shm file mapped
+#   --tcp-echo (with --tcp) send back what comes in on it
 RANK_SRC = r"""
 import mmap, os, signal, socket, sys, threading, time
 
@@ -52,6 +53,11 @@ threading.Thread(target=echo, daemon=True).start()
 keep = []
 if opt("--tcp") is not None:
     keep.append(socket.create_connection(("127.0.0.1", int(opt("--tcp")))))
+    if "--tcp-echo" in args:  # what comes in goes back out, as a client's request and reply
+        def tcp_echo(s=keep[-1]):
+            while data := s.recv(4096):
+                s.sendall(data)
+        threading.Thread(target=tcp_echo, daemon=True).start()
 if opt("--shm") is not None:
     path = f"/dev/shm/snapshotter-test-{os.getpid()}-{time.time_ns()}"
     size = int(opt("--shm")) << 20
