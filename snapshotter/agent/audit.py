@@ -22,11 +22,11 @@ from typing import Any
 
 from snapshotter import errors
 from snapshotter.sandbox.criu import criu_binary
+from snapshotter.sandbox.tcp_repair import SYS_PIDFD_GETFD
 from snapshotter.storage.api import ObjectStore
 from snapshotter.v1 import common_pb2
 
 MIN_FREE_BYTES = 2 << 30
-_SYS_PIDFD_GETFD = 438  # x86_64 and aarch64 alike
 _SYS_USERFAULTFD = {"x86_64": 323, "aarch64": 282}
 
 
@@ -67,7 +67,7 @@ def kernel_check() -> common_pb2.AuditCheck:
         os.close(os.pidfd_open(os.getpid()))
     except (OSError, AttributeError):
         missing.append("pidfd_open")
-    if not _syscall_exists(_SYS_PIDFD_GETFD, -1, -1, 0):
+    if not _syscall_exists(SYS_PIDFD_GETFD, -1, -1, 0):
         missing.append("pidfd_getfd")
     nr = _SYS_USERFAULTFD.get(os.uname().machine)
     if nr is not None and not _syscall_exists(nr, 0):

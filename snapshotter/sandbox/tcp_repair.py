@@ -18,55 +18,49 @@ import os
 import socket
 from collections.abc import Iterable
 
+from snapshotter.hook.sockets import tcp_sockets
+
 log = logging.getLogger(__name__)
 
 TCP_REPAIR = 19  # linux/tcp.h
 TCP_REPAIR_OFF = 0
-_SYS_PIDFD_GETFD = 438  # the same number on every architecture (asm-generic, x86_64)
+SYS_PIDFD_GETFD = 438  # the same number on every architecture (asm-generic, x86_64)
 _libc = ctypes.CDLL(None, use_errno=True)
 
 
 def _pidfd_getfd(pidfd: int, fd: int) -> int:
-    got = int(_libc.syscall(_SYS_PIDFD_GETFD, pidfd, fd, 0))
+    got = int(_libc.syscall(SYS_PIDFD_GETFD, pidfd, fd, 0))
     if got < 0:
         e = ctypes.get_errno()
         raise OSError(e, os.strerror(e))
     return got
 
 
-def _socket_fds(pid: int) -> list[int]:
-    out: list[int] = []
-    try:
-        names = os.listdir(f"/proc/{pid}/fd")
-    except FileNotFoundError:
-        return out
-    for name in names:
-        try:
-            if os.readlink(f"/proc/{pid}/fd/{name}").startswith("socket:"):
-                out.append(int(name))
-        except OSError:
-            continue  # closed meanwhile
-    return out
-
-
 def repair_off(pids: Iterable[int]) -> int:
     """Take every TCP socket of these processes out of repair mode; return how many were in
     it. Best effort: a socket that cannot be changed is logged (its connection stalls until
-    the job's client gives up on it), never raised: the dump itself succeeded."""
+    the job's client gives up on it), never raised: the dump itself succeeded, and the tree
+    must go on whatever happens here."""
     turned = 0
     for pid in pids:
-        try:
-            pidfd = os.pidfd_open(pid)
-        except ProcessLookupError:
+        socks = tcp_sockets(pid)
+        if not socks:
             continue
         try:
-            for fd in _socket_fds(pid):
+            pidfd = os.pidfd_open(pid)
+        except OSError as e:
+            if e.errno != errno.ESRCH:
+                log.warning("cannot reach the sockets of process %d (%s): its TCP connections "
+                            "stay stalled", pid, e)  # fmt: skip
+            continue
+        try:
+            for s in socks:
                 try:
-                    turned += _off(_pidfd_getfd(pidfd, fd))
+                    turned += _off(_pidfd_getfd(pidfd, s.fd))
                 except OSError as e:
                     if e.errno not in (errno.EBADF, errno.ESRCH):  # closed, or gone
                         log.warning("could not take socket fd %d of process %d out of TCP "
-                                    "repair mode (%s): its connection stays stalled", fd, pid,
+                                    "repair mode (%s): its connection stays stalled", s.fd, pid,
                                     e)  # fmt: skip
         finally:
             os.close(pidfd)
@@ -74,10 +68,8 @@ def repair_off(pids: Iterable[int]) -> int:
 
 
 def _off(fd: int) -> int:
-    """1 if the socket behind our copy `fd` was a TCP socket in repair mode (now out of it)."""
+    """1 if the TCP socket behind our copy `fd` was in repair mode (now out of it)."""
     with socket.socket(fileno=fd) as s:  # closes our copy only
-        if s.family not in (socket.AF_INET, socket.AF_INET6) or s.type != socket.SOCK_STREAM:
-            return 0
         if not s.getsockopt(socket.IPPROTO_TCP, TCP_REPAIR):
             return 0
         s.setsockopt(socket.IPPROTO_TCP, TCP_REPAIR, TCP_REPAIR_OFF)
