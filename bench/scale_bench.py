@@ -4,10 +4,13 @@ servers, heartbeating like `snapshotter agent`) through a launch and several fre
 
 Prints, per agents: the median seconds of each freeze phase as the coordinator saw it, the
 control-plane sum (prepare park suspend resume commit finish), growth against the first size,
-the coordinator's CPU seconds per freeze, its CPU per second of heartbeats alone, and its RSS.
+the coordinator's CPU seconds per freeze (and its event loop's, where every fan-out runs: the
+part of a phase no number of nodes shares; loop/ctl: the loop's in the control phases and
+the dump, i.e. from prepare to the end less the upload), its CPU per second of heartbeats
+alone, its RSS; relay_ms: the median time a relay took to deliver a phase and answer.
 
     .venv/bin/python bench/scale_bench.py [--agents 64,512,2048] [--runs 3] [--heartbeat-s 2]
-        [--transports control,unary]   (both side by side: the Control streams' gain)
+        [--transports relay,control,unary]   (side by side: what relays and Control streams gain)
 
 The simulated agents share this machine's cores with the coordinator: on few cores, their
 answering time is in the figures too (the coordinator's CPU per freeze is not).
@@ -39,18 +42,33 @@ def one_size(agents: int, runs: int, heartbeat_s: float, window_s: float) -> dic
         for _ in range(runs):
             timings.append(rig.freeze())
         hb_cpu, beats = rig.heartbeat_cpu(window_s)
-        rig.check(freezes=runs)
+        report = rig.check(freezes=runs)
+        # Each Relay as its relay served it: delivering to its group and answering.
+        relays = sorted(x for r in report.values() for x in r["relay_s"])
         return {
             "agents": agents, "start_s": rig.start_s, "launch_s": launch_s,
             "timings": timings, "hb_cpu": hb_cpu, "beats_per_s": beats / window_s,
             "freeze_cpu_s": statistics.median(t.cpu_s for t in timings),
+            "loop_cpu_s": statistics.median(t.loop_cpu_s for t in timings),
+            "loop_ctl_s": statistics.median(t.loop_ctl_s for t in timings),
             "rss_idle_mib": rss_idle, "rss_mib": rss_mib(),
+            "relay_ms": 1000 * statistics.median(relays) if relays else 0.0,
         }  # fmt: skip
 
 
 TRANSPORTS = {
-    "control": "the agents' calls carried by one Control stream per agent (rpc/control.py)",
-    "unary": "a gRPC call per agent per phase (SNAPSHOTTER_CONTROL_STREAM=0)",
+    "relay": "control phases as one signed order per group of ~sqrt(N) agents, delivered by "
+             "the group's first agent (rpc/relay.py; the default from 256 agents)",
+    "control": "the agents' calls carried by one Control stream per agent (rpc/control.py), "
+               "no relays (SNAPSHOTTER_RELAY_MIN=0)",
+    "unary": "a gRPC call per agent per phase, no relays (SNAPSHOTTER_CONTROL_STREAM=0)",
+}
+# What each transport sets (read as each coordinator-side agent handle is made, rpc/aio.py,
+# and as each fan-out starts, coordinator/agents.py).
+ENV = {
+    "relay": {"SNAPSHOTTER_CONTROL_STREAM": "1", "SNAPSHOTTER_RELAY_MIN": "2"},
+    "control": {"SNAPSHOTTER_CONTROL_STREAM": "1", "SNAPSHOTTER_RELAY_MIN": "0"},
+    "unary": {"SNAPSHOTTER_CONTROL_STREAM": "0", "SNAPSHOTTER_RELAY_MIN": "0"},
 }
 
 
@@ -60,8 +78,8 @@ def main() -> int:
     ap.add_argument("--runs", type=int, default=3)
     ap.add_argument("--heartbeat-s", type=float, default=2.0)
     ap.add_argument("--window-s", type=float, default=6.0)
-    ap.add_argument("--transports", default="control",
-                    help="comma-separated, side by side for each size: control, unary")
+    ap.add_argument("--transports", default="relay,control",
+                    help="comma-separated, side by side for each size: relay, control, unary")
     ap.add_argument("--json", action="store_true")
     a = ap.parse_args()
     transports = a.transports.split(",")
@@ -73,12 +91,14 @@ def main() -> int:
     for n in (int(x) for x in a.agents.split(",")):
         for tr in transports:
             t0 = time.monotonic()
-            # Read as each coordinator-side agent handle is made (rpc/aio.py).
-            os.environ["SNAPSHOTTER_CONTROL_STREAM"] = "1" if tr == "control" else "0"
+            os.environ.update(ENV[tr])
             r = one_size(n, a.runs, a.heartbeat_s, a.window_s)
             rows[tr][n] = r["timings"]  # type: ignore[assignment]
             extra[tr][n] = {
                 "cpu/frz": f"{r['freeze_cpu_s']:.2f}",
+                "loop/frz": f"{r['loop_cpu_s']:.2f}",
+                "loop/ctl": f"{r['loop_ctl_s']:.2f}",
+                "relay_ms": f"{r['relay_ms']:.0f}",
                 "hb_cpu": f"{r['hb_cpu']:.3f}",
                 "hb/s": f"{r['beats_per_s']:.0f}",
                 "launch": f"{r['launch_s']:.2f}",

@@ -14,10 +14,15 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from snapshotter import parallel
+from google.protobuf import message_factory
+from google.protobuf.message import DecodeError
+
+from snapshotter import errors, parallel
 from snapshotter.launch.spec import JobSpec
+from snapshotter.rpc import relay, status
 from snapshotter.rpc.aio import LOOP, AioClient
 from snapshotter.rpc.client import Client, Target, agent_client
+from snapshotter.rpc.relay import Signer
 from snapshotter.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 
 R = TypeVar("R")
@@ -41,6 +46,9 @@ class AgentHandle:
     version: str = ""
     # Its data links in plane order, as its last heartbeat reported them (agent/links.py).
     links: list[common_pb2.LinkState] = field(default_factory=list)
+    # The key of the coordinator that registered it (rpc/relay.py): fan-outs over agents
+    # sharing one may go through relays.
+    relay: Signer | None = None
     client: Client = field(init=False)
     # The same agent through the process's event loop: what `call_all` fans out on.
     aio: AioClient = field(init=False)
@@ -116,11 +124,93 @@ def call_all(
     async def every() -> list[Any]:
         return await asyncio.gather(*(one(a) for a in todo), return_exceptions=True)
 
-    for a, r in zip(todo, LOOP.run(every()), strict=True):
+    signer = todo[0].relay
+    relayed = (
+        signer is not None and timeout is not None and not callable(request)
+        and method in relay.RELAYED and len(todo) >= relay.min_agents()
+        and all(a.relay is signer for a in todo)
+    )  # fmt: skip
+    if relayed:
+        assert signer is not None and timeout is not None
+        coro = _via_relays(todo, signer, method, request, timeout, started, ended)
+    else:
+        coro = every()
+    for a, r in zip(todo, LOOP.run(coro), strict=True):
         if isinstance(r, BaseException):
             out.failures[a.name] = r
         else:
             out.results[a.name] = r
+    return out
+
+
+# How much longer than a relayed call's own deadline the coordinator waits for its relay.
+RELAY_SLACK_S = 10.0
+
+
+async def _via_relays(
+    todo: list[AgentHandle],
+    signer: Signer,
+    method: str,
+    request: Any,
+    timeout: float,
+    started: Callable[[AgentHandle], None] | None,
+    ended: Callable[[AgentHandle, float, float], None] | None,
+) -> list[Any]:
+    """call_all's fan-out as a tree (rpc/relay.py): one signed order per group of about
+    sqrt(N) agents, handed to the group's first agent; each member's outcome (its reply or
+    its exception) in `todo`'s order. A member the relay did not deliver to, or every member
+    of a group whose relay failed, is called directly."""
+    raw = request.SerializeToString()
+    desc = agent_pb2.DESCRIPTOR.services_by_name["Agent"].methods_by_name[method]
+    reply_type = message_factory.GetMessageClass(desc.output_type)
+    out: list[Any] = [None] * len(todo)
+
+    async def direct(i: int) -> None:
+        try:
+            out[i] = await todo[i].aio.call(method, request, timeout)
+        except Exception as e:  # noqa: BLE001 - the member's outcome
+            out[i] = e
+
+    async def group(members: range) -> None:
+        head = todo[members[0]]
+        fence = head.target.fence
+        order, sig = signer.sign(method, raw, timeout,
+                                 f"{fence[0]}:{fence[1]}" if fence is not None else "",
+                                 [todo[i].name for i in members])  # fmt: skip
+        req = agent_pb2.RelayRequest(order=order, signature=sig, targets=[
+            agent_pb2.RelayTarget(name=todo[i].name, address=todo[i].address) for i in members
+        ])  # fmt: skip
+        t0 = time.time()
+        for i in members:
+            if started is not None:
+                started(todo[i])
+        try:
+            rep = await head.aio.call("Relay", req, timeout + RELAY_SLACK_S)
+            by_name = {r.name: r for r in rep.results}
+        except Exception:  # noqa: BLE001 - the relay failed: every member is called directly
+            by_name = {}
+        again = []
+        for i in members:
+            r = by_name.get(todo[i].name)
+            if r is None or not r.delivered:
+                again.append(i)
+            elif r.HasField("error"):
+                out[i] = status.from_detail(r.error)
+            else:
+                try:
+                    out[i] = reply_type.FromString(r.reply)
+                except DecodeError as e:
+                    out[i] = errors.Internal(
+                        f"{todo[i].name} relayed a malformed {method} reply: {e}",
+                        "see the relay agent's log",
+                    )
+        await asyncio.gather(*(direct(i) for i in again))
+        t1 = time.time()
+        for i in members:
+            if ended is not None:
+                ended(todo[i], t0, t1)
+
+    await asyncio.gather(*(group(g) for g in relay.groups(len(todo))))
     return out
 
 

@@ -43,7 +43,7 @@ from snapshotter.coordinator.webhooks import WebhookConfig, Webhooks
 from snapshotter.coordinator.weights import WeightsBoard
 from snapshotter.launch.spec import JobSpec, new_job_id, nproc_for, validate_job_id
 from snapshotter.procutil import resources
-from snapshotter.rpc import convert
+from snapshotter.rpc import convert, relay
 from snapshotter.rpc.auth import Role
 from snapshotter.rpc.client import Target
 from snapshotter.rpc.server import caller, caller_active
@@ -138,6 +138,8 @@ class Coordinator:
         self.max_beats_per_s = max_beats_per_s
         self.keep_finished_jobs = keep_finished_jobs
         self._agents: dict[str, AgentHandle] = {}
+        # Signs the phase calls that relay agents deliver for it (rpc/relay.py).
+        self.relay = relay.Signer()
         self._jobs: dict[str, JobRecord] = {}
         # Snapshots this coordinator's freezes are writing now: never garbage to gc.
         self.writing: set[str] = set()
@@ -188,7 +190,7 @@ class Coordinator:
                 old = AgentHandle(
                     name=req.name, address=req.address, host=req.host,
                     target=self.agent_target(req.address, req.name),
-                    incarnation=req.incarnation, version=req.version,
+                    incarnation=req.incarnation, version=req.version, relay=self.relay,
                 )  # fmt: skip
                 self._agents[req.name] = old
             assert old is not None
@@ -209,7 +211,8 @@ class Coordinator:
                 self._learn(handle)
             except errors.SnapshotterError as e:
                 log.warning("could not learn the jobs of agent %s: %s", req.name, e)
-        reply = pb.RegisterAgentReply(registered=req.name, beat_s=beat_s)
+        reply = pb.RegisterAgentReply(registered=req.name, beat_s=beat_s,
+                                      relay_key=self.relay.public)  # fmt: skip
         if self.token is not None:
             reply.fence.CopyFrom(pb.Fence(epoch=self.token[0], id=self.token[1]))
         return reply

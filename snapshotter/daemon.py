@@ -50,6 +50,7 @@ from snapshotter.coordinator.quotas import TenantLimits
 from snapshotter.coordinator.supervisor import Supervisor
 from snapshotter.coordinator.webhooks import WebhookConfig, Webhooks
 from snapshotter.keeper import ENV as KEEPER_ENV
+from snapshotter.rpc import relay
 from snapshotter.rpc.audit import AuditLog
 from snapshotter.rpc.client import Target, coordinator_client
 from snapshotter.rpc.server import Listen, serve
@@ -342,6 +343,8 @@ def serve_agent(cfg: AgentConfig) -> int:
     metrics.watch_ranks(agent.sample_running)
     exporter = _metrics(cfg.metrics_listen, metrics.AGENT, cfg.listen, "agent")
     fence = Fence(on_newer=agent.freezes.expire_all)
+    # Whose calls relayed by other nodes this node runs: its coordinator's key, learnt below.
+    trust = relay.Trust(cfg.name)
     stop = _stop_event()
     server = serve(
         "agent",
@@ -349,6 +352,7 @@ def serve_agent(cfg: AgentConfig) -> int:
         agent_service.register(agent),
         [agent_service.SERVICE],
         extra_check=agent_service.fence_check(fence),
+        trust=trust,
     )
     coord = coordinator_client(cfg.coordinator, peer="agent")
     agent.weights.attach(RpcRegistry(coord.stub))
@@ -375,11 +379,18 @@ def serve_agent(cfg: AgentConfig) -> int:
                 if down_since is not None:
                     log.info("coordinator %s is back", cfg.coordinator.address)
                 down_since = None
+                current = True
                 if reply.HasField("fence"):
                     try:  # learn a newer coordinator's token early
                         fence.check([reply.fence.epoch, reply.fence.id])
                     except errors.Fenced:
-                        pass  # an older coordinator answered: its calls stay refused
+                        current = False  # an older coordinator answered: its calls stay refused
+                if current and reply.relay_key:
+                    try:
+                        trust.learn(reply.relay_key)
+                    except ValueError as e:  # not an Ed25519 key: relayed calls stay refused
+                        log.warning("coordinator %s sent a bad relay key: %s",
+                                    cfg.coordinator.address, e)  # fmt: skip
             except errors.SnapshotterError as e:
                 metrics.HEARTBEATS_SENT.labels(e.code).inc()
                 if down_since is None:

@@ -13,7 +13,7 @@ from snapshotter.agent.fencing import Fence
 from snapshotter.agent.node import NodeAgent
 from snapshotter.launch.env import RdzvAddress
 from snapshotter.launch.spec import JobSpec
-from snapshotter.rpc import auth, convert
+from snapshotter.rpc import auth, convert, relay
 from snapshotter.rpc.client import FENCE_KEY
 from snapshotter.storage.sealing import Seal
 from snapshotter.v1 import agent_pb2, agent_pb2_grpc, common_pb2
@@ -52,6 +52,17 @@ def _timeout(t: float, default: float) -> float:
 class AgentService(agent_pb2_grpc.AgentServicer):
     def __init__(self, agent: NodeAgent) -> None:
         self.agent = agent
+        self.relayer = relay.Relayer(agent.settings.peer_tls)
+
+    def Relay(self, req: agent_pb2.RelayRequest, ctx: Any) -> agent_pb2.RelayReply:
+        return self.relayer.relay(req)
+
+    def Relayed(self, req: agent_pb2.RelayedCall, ctx: Any) -> agent_pb2.ControlReply:
+        # Served by rpc/server.py where the agent was given a relay.Trust; here only when not.
+        raise errors.Unauthenticated(
+            f"the agent of node {self.agent.settings.name} takes no relayed calls",
+            "the coordinator calls it directly",
+        )
 
     def Ping(self, req: common_pb2.Empty, ctx: Any) -> common_pb2.AgentInfo:
         return self.agent.info()

@@ -16,6 +16,7 @@ from __future__ import annotations
 import asyncio
 import os
 import threading
+import time
 from collections.abc import AsyncIterator, Coroutine
 from concurrent.futures import Future
 from typing import Any, TypeVar
@@ -63,6 +64,17 @@ class Loop:
             coro.close()
             raise RuntimeError("Loop.run called on the loop's own thread: it would wait forever")
         return asyncio.run_coroutine_threadsafe(coro, loop).result()
+
+    def cpu_s(self) -> float:
+        """CPU seconds the loop's thread has used (0 before it started): what every fan-out
+        costs the process, apart from the callers' threads."""
+        t = self._thread
+        if t is None or t.ident is None or not t.is_alive():
+            return 0.0
+        try:
+            return time.clock_gettime(time.pthread_getcpuclockid(t.ident))
+        except OSError:  # the thread ended meanwhile
+            return 0.0
 
     def soon(self, coro: Coroutine[Any, Any, T]) -> Future[T]:
         """Start `coro` on the loop without waiting for it; cancelling the future returned

@@ -66,7 +66,7 @@ class Unsupported(Exception):
 # ---- the server's side (a grpc thread-pool server; server.py admits the stream) ----
 
 
-class _CarriedContext:
+class CarriedContext:
     """The stream's context as one carried call sees it: no longer active once the stream
     is not, or once the call's own deadline has passed."""
 
@@ -115,7 +115,7 @@ def serve(
 
     def run(req: Any) -> None:
         try:
-            body = dispatch(req.method, req.request, _CarriedContext(context, req.timeout_s))
+            body = dispatch(req.method, req.request, CarriedContext(context, req.timeout_s))
             rep = Reply(id=req.id, reply=body)
         except Exception as e:  # noqa: BLE001 - every failure goes back as the call's
             rep = Reply(id=req.id, error=status.error_detail(status.as_snapshotter_error(e)))

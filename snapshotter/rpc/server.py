@@ -16,7 +16,10 @@ Every call to our services passes `_Checks` (one server interceptor), in this or
   5. request   parsed here, so a malformed message is an InvalidArgument, not a crash
   6. handler   a raised SnapshotterError becomes a typed status (status.py)
 A Control stream (control.py: unary calls carried as messages) is admitted by checks 1-3 for
-its own right, and then every message passes 1-6 as the call it stands for.
+its own right, and then every message passes 1-6 as the call it stands for. A Relayed call
+(relay.py: a call the coordinator signed, delivered by another node) passes 1-3 as itself,
+then the order's checks (relay.Trust), then 3-6 as the call it carries, made by the
+coordinator, with the order's fence.
 Health (grpc.health.v1) and server reflection answer without credentials, so grpcurl and
 load balancers work with no code of ours.
 """
@@ -35,7 +38,7 @@ from collections.abc import Callable, Iterator, Mapping, Sequence
 from concurrent import futures
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import grpc
 from google.protobuf.message import DecodeError
@@ -46,17 +49,24 @@ from snapshotter import __version__, errors, metrics
 from snapshotter.rpc import auth, control, status
 from snapshotter.rpc.audit import REFUSALS, AuditLog
 from snapshotter.rpc.tls import TlsFiles
+from snapshotter.v1 import agent_pb2
+
+if TYPE_CHECKING:  # relay.py calls through the clients, which import this module
+    from snapshotter.rpc import relay
 
 log = logging.getLogger(__name__)
 
 VERSION_KEY = "snapshotter-version"
 PEER_KEY = "snapshotter-peer"
+# The coordinator's fencing token, "EPOCH:ID" (agent/fencing.py).
+FENCE_KEY = "snapshotter-fence"
 _MAX_MSG = 64 * 1024 * 1024
 OPTIONS = [
     ("grpc.max_send_message_length", _MAX_MSG),
     ("grpc.max_receive_message_length", _MAX_MSG),
 ]
 _OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
+_RELAYED = "/Relayed"
 
 # The call the current handler thread serves: its context and who made it.
 _CALL: contextvars.ContextVar[tuple[grpc.ServicerContext, auth.Identity] | None] = (
@@ -130,8 +140,10 @@ class _Checks(grpc.ServerInterceptor):
         listen: Listen,
         extra: Callable[[str, Mapping[str, str]], None] | None,
         audit: AuditLog | None = None,
+        trust: relay.Trust | None = None,
     ) -> None:
         self.kind = kind
+        self.trust = trust
         self.listen = listen
         self.extra = extra
         self.audit = audit
@@ -151,7 +163,10 @@ class _Checks(grpc.ServerInterceptor):
             return handler
         md = {k: v for k, v in details.invocation_metadata if isinstance(v, str)}
         if handler.unary_unary is not None:
-            call = self._checked(method, handler, md)
+            if self.trust is not None and method.endswith(_RELAYED):
+                call = self._relayed(method, md)
+            else:
+                call = self._checked(method, handler, md)
 
             def unary(raw: bytes, context: grpc.ServicerContext) -> Any:
                 try:
@@ -184,11 +199,13 @@ class _Checks(grpc.ServerInterceptor):
 
     def _admit(
         self, method: str, md: Mapping[str, str], context: grpc.ServicerContext,
-        parse: Callable[[bytes], Any] | None, raw: bytes,
+        parse: Callable[[bytes], Any] | None, raw: bytes, who: auth.Identity | None = None,
     ) -> tuple[Any, auth.Identity]:  # fmt: skip
-        """Checks 1-5 of the module docstring; the parsed request and who sent it."""
-        self._check_version(md)
-        who = self._identify(md, context)
+        """Checks 1-5 of the module docstring; the parsed request and who sent it. `who`:
+        the caller as a relayed order established it (no version or identity check then)."""
+        if who is None:
+            self._check_version(md)
+            who = self._identify(md, context)
         auth.authorize(who, method, self.rights.get(method, auth.Right.ADMINISTER))
         if self.extra is not None:
             self.extra(method, md)
@@ -217,14 +234,15 @@ class _Checks(grpc.ServerInterceptor):
 
     @contextlib.contextmanager
     def _serving(self, method: str, md: Mapping[str, str], context: grpc.ServicerContext,
-                 parse: Callable[[bytes], Any] | None, raw: bytes) -> Iterator[Any]:  # fmt: skip
+                 parse: Callable[[bytes], Any] | None, raw: bytes,
+                 as_who: auth.Identity | None = None) -> Iterator[Any]:  # fmt: skip
         """One call through every check: yields its request to the handler's code, and
         audits and counts it however that ends (a failure is raised on)."""
-        who: auth.Identity | None = None
+        who: auth.Identity | None = as_who
         request: Any = None
         with self._counted(method) as outcome:
             try:
-                request, who = self._admit(method, md, context, parse, raw)
+                request, who = self._admit(method, md, context, parse, raw, as_who)
                 token = _CALL.set((context, who))
                 try:
                     yield request
@@ -237,16 +255,52 @@ class _Checks(grpc.ServerInterceptor):
                 raise
 
     def _checked(
-        self, method: str, handler: Any, md: Mapping[str, str]
-    ) -> Callable[[bytes, grpc.ServicerContext], Any]:
+        self, method: str, handler: Any, md: Mapping[str, str],
+        who: auth.Identity | None = None,
+    ) -> Callable[[bytes, grpc.ServicerContext], Any]:  # fmt: skip
         """The unary `handler` behind every check: returns its reply, raises its failure."""
         inner, parse = handler.unary_unary, handler.request_deserializer
 
         def call(raw: bytes, context: grpc.ServicerContext) -> Any:
-            with self._serving(method, md, context, parse, raw) as request:
+            with self._serving(method, md, context, parse, raw, who) as request:
                 return inner(request, context)
 
         return call
+
+    def _relayed(
+        self, method: str, md: Mapping[str, str]
+    ) -> Callable[[bytes, grpc.ServicerContext], Any]:
+        """Relayed (relay.py): admitted as a call of its own (a node's right), then the
+        order's checks; the call it carries runs as the coordinator's, with the order's
+        fence. A refused order fails this call (the relay reports it undelivered); the
+        carried call's own failure is its reply's error, as on a Control stream."""
+        service = method[: -len(_RELAYED)]
+        trust = self.trust
+        assert trust is not None
+
+        def run(call: agent_pb2.RelayedCall, context: grpc.ServicerContext) -> Any:
+            order = trust.admit(call.order, call.signature)
+            full = f"{service}/{order.method}"
+            h = self.handlers.get(full)
+            if h is None or h.unary_unary is None:
+                raise errors.InvalidArgument(f"{full} is not served here", "upgrade the node")
+            who = auth.Identity(f"coordinator (relayed by {caller() or '?'})",
+                                auth.Role.COORDINATOR, "relay")  # fmt: skip
+            inner_md = {FENCE_KEY: order.fence} if order.fence else {}
+            try:
+                reply = self._checked(full, h, inner_md, who)(
+                    order.request, control.CarriedContext(context, order.timeout_s))
+                return agent_pb2.ControlReply(reply=h.response_serializer(reply))
+            except Exception as e:  # noqa: BLE001 - the carried call's failure is its reply's
+                return agent_pb2.ControlReply(
+                    error=status.error_detail(status.as_snapshotter_error(e)))
+
+        def relayed(raw: bytes, context: grpc.ServicerContext) -> Any:
+            with self._serving(method, md, context, agent_pb2.RelayedCall.FromString,
+                               raw) as call:  # fmt: skip
+                return run(call, context)
+
+        return relayed
 
     def _checked_stream(self, method: str, handler: Any, md: Mapping[str, str]) -> Any:
         inner_s, parse = handler.unary_stream, handler.request_deserializer
@@ -280,7 +334,10 @@ class _Checks(grpc.ServerInterceptor):
                         f"{name[:64]!r} is not a unary method of {service.lstrip('/')}",
                         "carry only the service's unary calls over Control",
                     )
-                calls[name] = (self._checked(full, h, md), h.response_serializer)
+                if self.trust is not None and full.endswith(_RELAYED):
+                    calls[name] = (self._relayed(full, md), h.response_serializer)
+                else:
+                    calls[name] = (self._checked(full, h, md), h.response_serializer)
             return calls[name]
 
         def dispatch(name: str, raw: bytes, context: grpc.ServicerContext) -> bytes:
@@ -292,8 +349,7 @@ class _Checks(grpc.ServerInterceptor):
             try:
                 self._check_version(md)
                 who = self._identify(md, context)
-                auth.authorize(who, details.method, self.rights.get(details.method,
-                                                                    auth.Right.ADMINISTER))
+                self._may_carry(who, details.method, service)
             except Exception as e:  # noqa: BLE001 - a refused stream is a status, as a call
                 self._audit(details.method, who, None, e)
                 context.abort_with_status(status.to_status(e))
@@ -306,6 +362,19 @@ class _Checks(grpc.ServerInterceptor):
             request_deserializer=control.Request.FromString,
             response_serializer=lambda m: m.SerializeToString(),
         )
+
+    def _may_carry(self, who: auth.Identity, method: str, service: str) -> None:
+        """A Control stream only carries calls, each checked for its own right: it may be
+        opened with the stream's own right (VIEW: what a coordinator or a viewer has) or
+        with the right of a call it could carry (a node relaying: TRANSFER, relay.py); a
+        role with no right of the service's (a bare client certificate) may not hold one."""
+        own = self.rights.get(method, auth.Right.ADMINISTER)
+        carried = {r for m, r in self.rights.items()
+                   if m.startswith(f"{service}/") and not m.endswith(control.METHOD)}  # fmt: skip
+        have = auth.ROLE_RIGHTS[who.role]
+        if own in have or have & carried:
+            return
+        auth.authorize(who, method, own)  # raises, naming the right
 
     def _check_version(self, md: Mapping[str, str]) -> None:
         theirs = md.get(VERSION_KEY)
@@ -385,9 +454,11 @@ def serve(
     extra_check: Callable[[str, Mapping[str, str]], None] | None = None,
     max_workers: int = 32,
     audit: AuditLog | None = None,
+    trust: relay.Trust | None = None,
 ) -> Served:
     """Start `kind` ("coordinator", "agent") on `listen` with the servicers `register` adds.
-    `audit`: where every action and every refused caller is recorded (audit.py).
+    `audit`: where every action and every refused caller is recorded (audit.py); `trust`:
+    whose relayed calls it runs (relay.py; None: Relayed is served as any other method).
 
     Raises:
         InvalidArgument: the listen policy forbids this address (check_listen).
@@ -401,7 +472,7 @@ def serve(
         )
         log.warning(msg)
         print(msg, file=sys.stderr, flush=True)
-    checks = _Checks(kind, listen, extra_check, audit)
+    checks = _Checks(kind, listen, extra_check, audit, trust)
     server = grpc.server(
         futures.ThreadPoolExecutor(max_workers=max_workers, thread_name_prefix=f"{kind}-rpc"),
         interceptors=[checks],

@@ -547,6 +547,68 @@ class ControlRequest(_message.Message):
     timeout_s: float
     def __init__(self, id: _Optional[int] = ..., method: _Optional[str] = ..., request: _Optional[bytes] = ..., timeout_s: _Optional[float] = ...) -> None: ...
 
+class RelayOrder(_message.Message):
+    __slots__ = ("method", "request", "timeout_s", "fence", "targets", "expires", "nonce")
+    METHOD_FIELD_NUMBER: _ClassVar[int]
+    REQUEST_FIELD_NUMBER: _ClassVar[int]
+    TIMEOUT_S_FIELD_NUMBER: _ClassVar[int]
+    FENCE_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    EXPIRES_FIELD_NUMBER: _ClassVar[int]
+    NONCE_FIELD_NUMBER: _ClassVar[int]
+    method: str
+    request: bytes
+    timeout_s: float
+    fence: str
+    targets: _containers.RepeatedScalarFieldContainer[str]
+    expires: float
+    nonce: bytes
+    def __init__(self, method: _Optional[str] = ..., request: _Optional[bytes] = ..., timeout_s: _Optional[float] = ..., fence: _Optional[str] = ..., targets: _Optional[_Iterable[str]] = ..., expires: _Optional[float] = ..., nonce: _Optional[bytes] = ...) -> None: ...
+
+class RelayTarget(_message.Message):
+    __slots__ = ("name", "address")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    ADDRESS_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    address: str
+    def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ...) -> None: ...
+
+class RelayRequest(_message.Message):
+    __slots__ = ("order", "signature", "targets")
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    TARGETS_FIELD_NUMBER: _ClassVar[int]
+    order: bytes
+    signature: bytes
+    targets: _containers.RepeatedCompositeFieldContainer[RelayTarget]
+    def __init__(self, order: _Optional[bytes] = ..., signature: _Optional[bytes] = ..., targets: _Optional[_Iterable[_Union[RelayTarget, _Mapping]]] = ...) -> None: ...
+
+class RelayedCall(_message.Message):
+    __slots__ = ("order", "signature")
+    ORDER_FIELD_NUMBER: _ClassVar[int]
+    SIGNATURE_FIELD_NUMBER: _ClassVar[int]
+    order: bytes
+    signature: bytes
+    def __init__(self, order: _Optional[bytes] = ..., signature: _Optional[bytes] = ...) -> None: ...
+
+class RelayResult(_message.Message):
+    __slots__ = ("name", "reply", "error", "delivered")
+    NAME_FIELD_NUMBER: _ClassVar[int]
+    REPLY_FIELD_NUMBER: _ClassVar[int]
+    ERROR_FIELD_NUMBER: _ClassVar[int]
+    DELIVERED_FIELD_NUMBER: _ClassVar[int]
+    name: str
+    reply: bytes
+    error: _common_pb2.ErrorDetail
+    delivered: bool
+    def __init__(self, name: _Optional[str] = ..., reply: _Optional[bytes] = ..., error: _Optional[_Union[_common_pb2.ErrorDetail, _Mapping]] = ..., delivered: _Optional[bool] = ...) -> None: ...
+
+class RelayReply(_message.Message):
+    __slots__ = ("results",)
+    RESULTS_FIELD_NUMBER: _ClassVar[int]
+    results: _containers.RepeatedCompositeFieldContainer[RelayResult]
+    def __init__(self, results: _Optional[_Iterable[_Union[RelayResult, _Mapping]]] = ...) -> None: ...
+
 class ControlReply(_message.Message):
     __slots__ = ("id", "reply", "error")
     ID_FIELD_NUMBER: _ClassVar[int]

@@ -45,6 +45,16 @@ class AgentStub:
                 request_serializer=snapshotter_dot_v1_dot_agent__pb2.ControlRequest.SerializeToString,
                 response_deserializer=snapshotter_dot_v1_dot_agent__pb2.ControlReply.FromString,
                 _registered_method=True)
+        self.Relay = channel.unary_unary(
+                '/snapshotter.v1.Agent/Relay',
+                request_serializer=snapshotter_dot_v1_dot_agent__pb2.RelayRequest.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_agent__pb2.RelayReply.FromString,
+                _registered_method=True)
+        self.Relayed = channel.unary_unary(
+                '/snapshotter.v1.Agent/Relayed',
+                request_serializer=snapshotter_dot_v1_dot_agent__pb2.RelayedCall.SerializeToString,
+                response_deserializer=snapshotter_dot_v1_dot_agent__pb2.ControlReply.FromString,
+                _registered_method=True)
         self.OpenRdzv = channel.unary_unary(
                 '/snapshotter.v1.Agent/OpenRdzv',
                 request_serializer=snapshotter_dot_v1_dot_agent__pb2.OpenRdzvRequest.SerializeToString,
@@ -221,6 +231,25 @@ class AgentServicer:
         fan-outs use: a message on an open stream costs both ends less than a new call). Each
         message is checked as the call it carries would be: its method's own right, the fence,
         the request's type (snapshotter/rpc/control.py).
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Relay(self, request, context):
+        """A fan-out as a tree (snapshotter/rpc/relay.py): the coordinator hands this agent one
+        phase call it signed for a group of nodes; this agent delivers it to each of them
+        (Relayed) and answers with every node's outcome. The coordinator then sends a message
+        per group, not per node.
+        """
+        context.set_code(grpc.StatusCode.UNIMPLEMENTED)
+        context.set_details('Method not implemented!')
+        raise NotImplementedError('Method not implemented!')
+
+    def Relayed(self, request, context):
+        """A call the coordinator signed, delivered by another node's agent: run as the
+        coordinator's own once the signature (key from the coordinator's registration reply),
+        this node's place among its targets, its expiry and its nonce (never seen before) hold.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')
@@ -448,6 +477,16 @@ def add_AgentServicer_to_server(servicer, server):
                     request_deserializer=snapshotter_dot_v1_dot_agent__pb2.ControlRequest.FromString,
                     response_serializer=snapshotter_dot_v1_dot_agent__pb2.ControlReply.SerializeToString,
             ),
+            'Relay': grpc.unary_unary_rpc_method_handler(
+                    servicer.Relay,
+                    request_deserializer=snapshotter_dot_v1_dot_agent__pb2.RelayRequest.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_agent__pb2.RelayReply.SerializeToString,
+            ),
+            'Relayed': grpc.unary_unary_rpc_method_handler(
+                    servicer.Relayed,
+                    request_deserializer=snapshotter_dot_v1_dot_agent__pb2.RelayedCall.FromString,
+                    response_serializer=snapshotter_dot_v1_dot_agent__pb2.ControlReply.SerializeToString,
+            ),
             'OpenRdzv': grpc.unary_unary_rpc_method_handler(
                     servicer.OpenRdzv,
                     request_deserializer=snapshotter_dot_v1_dot_agent__pb2.OpenRdzvRequest.FromString,
@@ -662,6 +701,60 @@ class Agent:
             target,
             '/snapshotter.v1.Agent/Control',
             snapshotter_dot_v1_dot_agent__pb2.ControlRequest.SerializeToString,
+            snapshotter_dot_v1_dot_agent__pb2.ControlReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Relay(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapshotter.v1.Agent/Relay',
+            snapshotter_dot_v1_dot_agent__pb2.RelayRequest.SerializeToString,
+            snapshotter_dot_v1_dot_agent__pb2.RelayReply.FromString,
+            options,
+            channel_credentials,
+            insecure,
+            call_credentials,
+            compression,
+            wait_for_ready,
+            timeout,
+            metadata,
+            _registered_method=True)
+
+    @staticmethod
+    def Relayed(request,
+            target,
+            options=(),
+            channel_credentials=None,
+            call_credentials=None,
+            insecure=False,
+            compression=None,
+            wait_for_ready=None,
+            timeout=None,
+            metadata=None):
+        return grpc.experimental.unary_unary(
+            request,
+            target,
+            '/snapshotter.v1.Agent/Relayed',
+            snapshotter_dot_v1_dot_agent__pb2.RelayedCall.SerializeToString,
             snapshotter_dot_v1_dot_agent__pb2.ControlReply.FromString,
             options,
             channel_credentials,

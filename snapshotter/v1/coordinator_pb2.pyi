@@ -87,14 +87,16 @@ class RegisterAgentRequest(_message.Message):
     def __init__(self, name: _Optional[str] = ..., address: _Optional[str] = ..., host: _Optional[str] = ..., heartbeat: _Optional[bool] = ..., incarnation: _Optional[str] = ..., version: _Optional[str] = ..., links: _Optional[_Iterable[_Union[_common_pb2.LinkState, _Mapping]]] = ...) -> None: ...
 
 class RegisterAgentReply(_message.Message):
-    __slots__ = ("registered", "fence", "beat_s")
+    __slots__ = ("registered", "fence", "beat_s", "relay_key")
     REGISTERED_FIELD_NUMBER: _ClassVar[int]
     FENCE_FIELD_NUMBER: _ClassVar[int]
     BEAT_S_FIELD_NUMBER: _ClassVar[int]
+    RELAY_KEY_FIELD_NUMBER: _ClassVar[int]
     registered: str
     fence: Fence
     beat_s: float
-    def __init__(self, registered: _Optional[str] = ..., fence: _Optional[_Union[Fence, _Mapping]] = ..., beat_s: _Optional[float] = ...) -> None: ...
+    relay_key: bytes
+    def __init__(self, registered: _Optional[str] = ..., fence: _Optional[_Union[Fence, _Mapping]] = ..., beat_s: _Optional[float] = ..., relay_key: _Optional[bytes] = ...) -> None: ...
 
 class RunRequest(_message.Message):
     __slots__ = ("job_id", "script", "script_args", "module", "python", "cwd", "env", "nnodes", "nproc_per_node", "nodes", "policy", "recovery", "tenant", "provider_opt_out", "nproc_kind")

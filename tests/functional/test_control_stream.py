@@ -181,6 +181,28 @@ def test_no_credential_refuses_the_stream_itself(agent: Agent) -> None:
         c.close()
 
 
+def test_a_node_may_open_the_stream_for_what_it_may_call_and_a_bare_client_may_not(
+    agent: Agent,
+) -> None:
+    """The stream's own right is VIEW, or the right of a call it can carry (a node relaying
+    carries TRANSFER calls, rpc/relay.py); a role with no right of the service's holds none."""
+    node = agent.client(token=agent.tokens.create("node-b", Role.NODE, None))
+    bare = agent.client(token=agent.tokens.create("machine", Role.CLIENT, None))
+    try:
+        # Opened: the node's DRIVE call on it is refused by that call's own right.
+        err = outcome(node, "Cancel", common_pb2.JobRef(job_id="j1"))
+        assert isinstance(err, errors.PermissionDenied) and "DRIVE" in err.cause, err
+        assert node._control is not None and node._control.supported
+        assert "VIEW" not in err.cause  # not the stream's refusal: the carried call's
+        # The bare client is refused the stream itself (it names the stream's right).
+        err = outcome(bare, "Ping", common_pb2.Empty())
+        assert isinstance(err, errors.PermissionDenied) and "Control" in err.cause, err
+        assert agent.servicer.calls == []
+    finally:
+        node.close()
+        bare.close()
+
+
 def test_what_no_unary_call_could_be_is_refused(agent: Agent) -> None:
     """Raw messages on the stream: a streaming method, Control itself, an unknown or
     ill-formed name, a request of the wrong type."""

@@ -17,7 +17,10 @@ pytestmark = pytest.mark.timeout(240)
 AGENTS, NPROC = 512, 8
 
 
-def test_512_agents_freeze_in_order_commit_and_stay_alive(tmp_path: Path, capsys: Any) -> None:
+def test_512_agents_freeze_in_order_commit_and_stay_alive(
+    tmp_path: Path, capsys: Any, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    monkeypatch.delenv("SNAPSHOTTER_RELAY_MIN", raising=False)  # relays from 256 agents
     # Heartbeats every second: twice a real agent's rate, so the window below sees plenty.
     with ScaleRig(tmp_path, AGENTS, NPROC, heartbeat_s=1.0) as rig:
         launch_s = rig.launch()
@@ -36,10 +39,17 @@ def test_512_agents_freeze_in_order_commit_and_stay_alive(tmp_path: Path, capsys
         assert all(r["beat_failures"] == 0 and r["beats"] >= 3 for r in report.values())
         assert all(r["calls"].get("prepare") == 2 and r["calls"].get("finish") == 2
                    for r in report.values())  # fmt: skip
-        # Every phase call of the launch and both freezes rode one Control stream per agent
-        # (rpc/control.py), opened once and kept.
+        # The control phases went through relays (rpc/relay.py, the default from 256 agents):
+        # each agent ran each of the five, twice, as a relayed call, and the coordinator sent
+        # each phase to the groups' first agents only (about sqrt(512) of them).
+        relayed = {n: r["calls"].get("relayed") for n, r in report.items()}
+        assert set(relayed.values()) == {10}, relayed
+        relays = {n: r["calls"]["relay"] for n, r in report.items() if "relay" in r["calls"]}
+        assert set(relays.values()) == {10} and 16 <= len(relays) <= 32, relays
+        # Every call rode Control streams (rpc/control.py), opened once and kept: the
+        # coordinator's to each agent, and its relay's.
         streams = {n: r["calls"].get("control") for n, r in report.items()}
-        assert set(streams.values()) == {1}, streams
+        assert set(streams.values()) == {2}, streams
         with capsys.disabled():
             print(f"\n{AGENTS} simulated agents x {NPROC} ranks: started in {rig.start_s:.2f}s, "
                   f"launch {launch_s:.2f}s")  # fmt: skip

@@ -12,9 +12,11 @@ from pathlib import Path
 from snapshotter import __version__
 from snapshotter.agent import service as agent_service
 from snapshotter.agent.allow import ExecPolicy
+from snapshotter.agent.fencing import Fence
 from snapshotter.agent.node import NodeAgent, NodeSettings
 from snapshotter.config import Paths
 from snapshotter.coordinator.core import Coordinator
+from snapshotter.rpc import relay
 from snapshotter.rpc.client import Target
 from snapshotter.rpc.server import Listen, serve
 from snapshotter.rpc.tls import TlsFiles
@@ -44,6 +46,10 @@ class Cluster:
         store = LocalDirStore(tmp / "store")
         self.tmp = tmp
         self.agents: dict[str, NodeAgent] = {}
+        # Each node's fence (agent/fencing.py) and what it accepts from relays (rpc/relay.py),
+        # as `snapshotter agent` sets them up.
+        self.fences: dict[str, Fence] = {}
+        self.trust: dict[str, relay.Trust] = {}
         self.servers = []
         self.address: dict[str, str] = {}
         self.coord = Coordinator(
@@ -56,14 +62,18 @@ class Cluster:
                                     peer_tls=tls)  # fmt: skip
             node = NodeAgent(settings, store)
             where = "127.0.0.1:0" if tcp else f"unix:{node.paths.run_dir / 'agent.sock'}"
+            fence = self.fences[name] = Fence()
+            trust = self.trust[name] = relay.Trust(name)
             srv = serve("agent", Listen(where, tls=tls), agent_service.register(node),
-                        [agent_service.SERVICE])  # fmt: skip
+                        [agent_service.SERVICE], extra_check=agent_service.fence_check(fence),
+                        trust=trust)  # fmt: skip
             self.servers.append(srv)
             self.address[name] = srv.address
             node.weights.attach(self.coord.weights)
-            self.coord.register_agent(pb.RegisterAgentRequest(
+            reply = self.coord.register_agent(pb.RegisterAgentRequest(
                 name=name, address=srv.address, host="127.0.0.1",
                 incarnation=node.incarnation, version=__version__))  # fmt: skip
+            trust.learn(reply.relay_key)
             self.agents[name] = node
 
     def run(self, job_id: str, node: str, *args: str, tenant: str = "") -> str:

@@ -20,6 +20,7 @@ from typing import Any
 
 from snapshotter.coordinator import service as coordinator_service
 from snapshotter.coordinator.core import Coordinator
+from snapshotter.rpc.aio import LOOP
 from snapshotter.rpc.client import Target
 from snapshotter.rpc.server import Listen, Served, serve
 from snapshotter.storage import LocalDirStore
@@ -45,6 +46,11 @@ class FreezeTiming:
     snapshot_id: str
     phases: dict[str, float]  # seconds per column
     cpu_s: float  # the coordinator's CPU time for the whole freeze
+    # Its event loop's share (rpc/aio.py): every fan-out's calls, streams and replies.
+    loop_cpu_s: float = 0.0
+    # The loop's CPU from prepare to the end, less the upload: the control phases' fan-outs
+    # (and the dump's, which runs between the same events as resume).
+    loop_ctl_s: float = 0.0
 
     @property
     def control_s(self) -> float:
@@ -106,17 +112,20 @@ class ScaleRig:
     def freeze(self) -> FreezeTiming:
         """One freeze-and-continue of the job, timed by phase from its events and spans."""
         marks: list[tuple[str, float]] = []
-        t0, c0 = time.monotonic(), time.process_time()
+        loop_at: dict[str, float] = {}
+        t0, c0, l0 = time.monotonic(), time.process_time(), LOOP.cpu_s()
         done: pb.FreezeDone | None = None
         events: Iterator[pb.FreezeEvent] = self.coord.freeze(pb.FreezeRequest(job_id=self.job_id))
         for ev in events:
             now = time.monotonic()
             if ev.HasField("phase"):
                 marks.append((ev.phase.phase, now))
+                loop_at[ev.phase.phase] = LOOP.cpu_s()
             elif ev.HasField("done"):
                 done = ev.done
                 marks.append(("done", now))
-        cpu = time.process_time() - c0
+                loop_at["done"] = LOOP.cpu_s()
+        cpu, loop_cpu = time.process_time() - c0, LOOP.cpu_s() - l0
         assert done is not None, marks
         at = dict(marks)
         spans = list(done.stats.spans)
@@ -133,7 +142,8 @@ class ScaleRig:
             "commit": at["done"] - at["commit"] - _span_range(spans, "finish"),
             "finish": _span_range(spans, "finish"),
         }
-        return FreezeTiming(done.snapshot_id, phases, cpu)
+        loop_ctl = (loop_at["done"] - loop_at["prepare"]) - (loop_at["commit"] - loop_at["upload"])
+        return FreezeTiming(done.snapshot_id, phases, cpu, loop_cpu, loop_ctl)
 
     def heartbeat_cpu(self, window_s: float = 10.0) -> tuple[float, int]:
         """The coordinator's CPU seconds per second while only heartbeats arrive, and how many

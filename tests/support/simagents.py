@@ -36,7 +36,7 @@ import grpc
 from google.protobuf import message_factory
 
 from snapshotter import __version__, errors
-from snapshotter.rpc import status
+from snapshotter.rpc import relay, status
 from snapshotter.rpc.server import PEER_KEY, VERSION_KEY
 from snapshotter.v1 import agent_pb2, agent_pb2_grpc, common_pb2, coordinator_pb2_grpc
 from snapshotter.v1 import coordinator_pb2 as cpb
@@ -84,6 +84,10 @@ class SimAgent(agent_pb2_grpc.AgentServicer):
         self.freeze_id = ""
         self.refused: list[str] = []
         self.calls: dict[str, int] = {}
+        # Relayed calls (snapshotter/rpc/relay.py), checked as the real agent checks them.
+        self.trust = relay.Trust(name)
+        self.relay_s: list[float] = []  # how long each Relay took to deliver and answer
+        self.relayer = relay.Relayer(None)
 
     # ---- helpers ----------------------------------------------------------------------
 
@@ -214,6 +218,36 @@ class SimAgent(agent_pb2_grpc.AgentServicer):
     async def SetPolicy(self, req: agent_pb2.JobPolicy, ctx: Any) -> agent_pb2.NodeJob:
         return self._node_job()
 
+    async def _carry(self, name: str, raw: bytes) -> agent_pb2.ControlReply:
+        """One unary call of this servicer by name, its reply or failure as a Control reply."""
+        try:
+            method = _SERVICE.methods_by_name[name]
+            parse = message_factory.GetMessageClass(method.input_type).FromString
+            reply = await getattr(self, name)(parse(raw), _Carried())
+            return agent_pb2.ControlReply(reply=reply.SerializeToString())
+        except Exception as e:  # noqa: BLE001 - goes back as the call's error
+            return agent_pb2.ControlReply(error=status.error_detail(status.as_snapshotter_error(e)))
+
+    async def Relay(self, req: agent_pb2.RelayRequest, ctx: Any) -> agent_pb2.RelayReply:
+        """The real agent's relay (relay.Relayer: a Control stream to each target), here
+        to the other simulated agents over their unix sockets."""
+        self._count("relay")
+
+        t0 = time.monotonic()
+        try:
+            return await self.relayer.relay_async(req)
+        finally:
+            self.relay_s.append(time.monotonic() - t0)
+
+    async def Relayed(self, req: agent_pb2.RelayedCall, ctx: Any) -> agent_pb2.ControlReply:
+        self._count("relayed")
+        try:
+            order = self.trust.admit(req.order, req.signature)
+        except errors.SnapshotterError as e:
+            self.refused.append(f"{self.name}: relayed call refused: {e.cause}")
+            await ctx.abort(grpc.StatusCode.PERMISSION_DENIED, e.cause)
+        return await self._carry(order.method, order.request)
+
     async def Control(self, requests: Any, ctx: Any) -> Any:
         """The real agent's Control stream (snapshotter/rpc/control.py) over this servicer:
         every carried call runs at once, its reply or its refusal goes back with its id."""
@@ -222,14 +256,8 @@ class SimAgent(agent_pb2_grpc.AgentServicer):
         running: set[asyncio.Task[None]] = set()
 
         async def one(req: agent_pb2.ControlRequest) -> None:
-            try:
-                method = _SERVICE.methods_by_name[req.method]
-                parse = message_factory.GetMessageClass(method.input_type).FromString
-                reply = await getattr(self, req.method)(parse(req.request), _Carried())
-                rep = agent_pb2.ControlReply(id=req.id, reply=reply.SerializeToString())
-            except Exception as e:  # noqa: BLE001 - goes back as the call's error
-                err = status.error_detail(status.as_snapshotter_error(e))
-                rep = agent_pb2.ControlReply(id=req.id, error=err)
+            rep = await self._carry(req.method, req.request)
+            rep.id = req.id
             await replies.put(rep)
 
         async def read() -> None:
@@ -292,6 +320,7 @@ async def _host(plan: HostPlan) -> None:
             reply = await stub.RegisterAgent(req, timeout=30, metadata=md)
             beats[a.name] += 1
             asked[a.name] = reply.beat_s
+            a.trust.learn(reply.relay_key)
         except grpc.RpcError:
             failed[a.name] += 1
 
@@ -320,7 +349,8 @@ async def _host(plan: HostPlan) -> None:
         if cmd == "report":
             _say({a.name: {"ranks": {r.rank: list(r.seen) for r in a.ranks},
                            "refused": list(a.refused), "calls": dict(a.calls),
-                           "beats": beats[a.name], "beat_failures": failed[a.name]}
+                           "beats": beats[a.name], "beat_failures": failed[a.name],
+                           "relay_s": list(a.relay_s)}
                   for a in agents})  # fmt: skip
         elif cmd in ("stop", ""):
             break
