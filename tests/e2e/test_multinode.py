@@ -56,7 +56,9 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     # links down and drain them.
     with Cluster(["ctl", "a", "b", "c"], data_links=2) as cluster:
         server = SeaweedServer(ip=cluster.host_ip).start()
-        dep = Deployment(cluster, root, f"s3://{server.bucket}/mn", server.env())
+        # Every fan-out of two nodes or more goes through a relay (rpc/relay.py): the real
+        # agents' path (key from the heartbeat, Relayed over mutual TLS between nodes).
+        dep = Deployment(cluster, root, f"s3://{server.bucket}/mn", server.env(), relay_min=2)
         dep.server = server  # type: ignore[attr-defined]
         try:
             dep.start(["a", "b", "c"])
@@ -97,7 +99,12 @@ def test_freeze_stop_then_thaw_onto_other_nodes_is_bit_identical(
     cli.wait_step(job, 40)
 
     # Freeze-and-continue first: the job must go on, and the snapshot is whole.
+    relayed = 'snapshotter_rpc_seconds_count{code="ok",method="Relayed"}'
+    before = {n: deployment.metrics(n).get(relayed, 0.0) for n in ("a", "b")}
     first = cli.json("freeze", job)
+    # Its five control phases reached both nodes through a's relay, and ran.
+    after = {n: deployment.metrics(n).get(relayed, 0.0) for n in ("a", "b")}
+    assert {n: after[n] - before[n] for n in after} == {"a": 5, "b": 5}, (before, after)
     assert first["stopped"] is False
     uploads = first["stats"]["uploads"]
     assert sorted(u["node"] for u in uploads) == ["a", "b"]

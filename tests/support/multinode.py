@@ -98,8 +98,12 @@ class Deployment:
         store_env: dict[str, str] | None = None,
         freeze_lease_s: float = 60.0,
         ctl: str = "ctl",
+        relay_min: int | None = None,
     ) -> None:
+        """`relay_min`: the coordinator's SNAPSHOTTER_RELAY_MIN (rpc/relay.py; None: its
+        default, which no fan-out here reaches)."""
         self.cluster = cluster
+        self.relay_min = relay_min
         self.root = root
         self.store_url = store_url
         self.store_env = dict(store_env or {})
@@ -146,11 +150,14 @@ class Deployment:
     # ---------------------------------------------------------------- services
     def start_coordinator(self) -> None:
         log = open(self.root / "coordinator.log", "ab")  # noqa: SIM115 - the child keeps it
+        env = self._env(self.root / "coord-home")
+        if self.relay_min is not None:
+            env["SNAPSHOTTER_RELAY_MIN"] = str(self.relay_min)
         self.coord_proc = self.ctl.popen(
             [sys.executable, "-m", "snapshotter", "coordinator", "--listen", self.coordinator,
              "--store", self.store_url, "--agent-ttl", "6", "--tls-dir", str(self.tls_dir),
              "--metrics-listen", f"{self.ctl.ip}:{COORD_METRICS_PORT}"],
-            env=self._env(self.root / "coord-home"), stdout=log, stderr=log, cwd=ROOT,
+            env=env, stdout=log, stderr=log, cwd=ROOT,
         )  # fmt: skip
         log.close()
         CENSUS.keep(self.coord_proc.pid, "module", "multi-node deployment")
