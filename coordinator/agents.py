@@ -145,6 +145,17 @@ def call_all(
 
 # How much longer than a relayed call's own deadline the coordinator waits for its relay.
 RELAY_SLACK_S = 10.0
+# Agents whose Relay failed lately, until when: another member relays for their group
+# meanwhile (a silent relay holds its whole group up to the phase's deadline).
+_SUSPECT: dict[str, float] = {}
+SUSPECT_S = 120.0
+
+
+def _head(members: list[AgentHandle]) -> AgentHandle:
+    """The member that relays for its group: the first whose relay has not failed lately.
+    Always the same one otherwise, so that each node holds a stream from one relay."""
+    now = time.monotonic()
+    return next((m for m in members if _SUSPECT.get(m.name, 0.0) <= now), members[0])
 
 
 async def _via_relays(
@@ -172,7 +183,7 @@ async def _via_relays(
             out[i] = e
 
     async def group(members: range) -> None:
-        head = todo[members[0]]
+        head = _head([todo[i] for i in members])
         fence = head.target.fence
         order, sig = signer.sign(method, raw, timeout,
                                  f"{fence[0]}:{fence[1]}" if fence is not None else "",
@@ -187,7 +198,14 @@ async def _via_relays(
         try:
             rep = await head.aio.call("Relay", req, timeout + RELAY_SLACK_S)
             by_name = {r.name: r for r in rep.results}
-        except Exception:  # noqa: BLE001 - the relay failed: every member is called directly
+        except Exception:  # noqa: BLE001 - every member is called directly (below)
+            # A member the relay reached may see the call twice: the agents' phases refuse
+            # a repeat (their freeze's state machine), and a Resume must reach every member.
+            now = time.monotonic()
+            if len(_SUSPECT) > 4096:
+                for name in [n for n, until in _SUSPECT.items() if until <= now]:
+                    del _SUSPECT[name]
+            _SUSPECT[head.name] = now + SUSPECT_S
             by_name = {}
         again = []
         for i in members:

@@ -29,7 +29,6 @@ whose relay failed.
 from __future__ import annotations
 
 import asyncio
-import collections
 import math
 import os
 import secrets
@@ -184,12 +183,19 @@ async def deliver(
     relayed, timeout)` is the Relayed call (a coroutine returning its ControlReply)."""
     relayed = agent_pb2.RelayedCall(order=req.order, signature=req.signature)
 
+    loop = asyncio.get_running_loop()
+
     async def one(t: agent_pb2.RelayTarget) -> agent_pb2.RelayResult:
+        t0 = loop.time()
         try:
             rep = await call(t, relayed, timeout_s)
-        except Exception as e:  # noqa: BLE001 - not delivered: the coordinator calls it
+        except Exception as e:  # noqa: BLE001 - the target's outcome
             err = status.error_detail(status.as_snapshotter_error(e))
-            return agent_pb2.RelayResult(name=t.name, error=err, delivered=False)
+            # Refused, unreachable or gone before its deadline: it did not run (or its agent
+            # is gone), and the coordinator calls it directly. Past its deadline it may have
+            # run: that failure is its answer (the coordinator must not run it twice).
+            late = loop.time() - t0 >= timeout_s * 0.99
+            return agent_pb2.RelayResult(name=t.name, error=err, delivered=late)
         if rep.HasField("error"):
             return agent_pb2.RelayResult(name=t.name, error=rep.error, delivered=True)
         return agent_pb2.RelayResult(name=t.name, reply=rep.reply, delivered=True)
@@ -205,31 +211,39 @@ class Relayer:
     delivery cost the relays four times the coordinator's message per node).
 
     A relay serves the same group phase after phase (the groups follow the job's nodes), so
-    its channels and streams are kept; the least recently used are closed past MAX_CLIENTS,
-    which bounds the streams this node holds open on others."""
+    its channels and streams are kept; the least recently used are closed past MAX_CLIENTS
+    and any unused for IDLE_S, which bounds the streams this node holds open on others (each
+    holds a thread of the other node's agent)."""
 
     MAX_CLIENTS = 256
+    IDLE_S = 600.0
 
     def __init__(self, tls: TlsFiles | None) -> None:
         self._tls = tls
-        self._clients: collections.OrderedDict[tuple[str, str], AioClient] = (
-            collections.OrderedDict()
-        )
+        # (name, address) -> its client and when it was last used, least recently first.
+        self._clients: dict[tuple[str, str], tuple[AioClient, float]] = {}
         self._lock = threading.Lock()
 
     def _client(self, t: agent_pb2.RelayTarget) -> AioClient:
         key = (t.name, t.address)
+        now = time.monotonic()
         with self._lock:
-            c = self._clients.get(key)
-            if c is not None:
-                self._clients.move_to_end(key)
-                return c
-            while len(self._clients) >= self.MAX_CLIENTS:
-                self._clients.popitem(last=False)[1].close()
-            target = Target(t.address, tls=self._tls, server_name=t.name)
-            c = self._clients[key] = AioClient(target, agent_pb2_grpc.AgentStub, "agent",
-                                               "agent", _SERVICE)  # fmt: skip
-            return c
+            # Oldest first: close those unused too long, and the oldest past the bound.
+            while self._clients:
+                oldest, (c, used) = next(iter(self._clients.items()))
+                if oldest == key or (now - used < self.IDLE_S
+                                     and len(self._clients) < self.MAX_CLIENTS):  # fmt: skip
+                    break
+                del self._clients[oldest]
+                c.close()
+            found = self._clients.pop(key, None)
+            if found is None:
+                target = Target(t.address, tls=self._tls, server_name=t.name)
+                client = AioClient(target, agent_pb2_grpc.AgentStub, "agent", "agent", _SERVICE)
+            else:
+                client = found[0]
+            self._clients[key] = (client, now)  # now the most recently used
+            return client
 
     async def relay_async(self, req: agent_pb2.RelayRequest) -> agent_pb2.RelayReply:
         """Every target's outcome (on the event loop that owns this relayer's channels)."""
@@ -251,7 +265,7 @@ class Relayer:
 
     def close(self) -> None:
         with self._lock:
-            for c in self._clients.values():
+            for c, _ in self._clients.values():
                 c.close()
             self._clients.clear()
 

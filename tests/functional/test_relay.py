@@ -10,6 +10,7 @@ from collections.abc import Iterator
 import pytest
 
 from snapshotter import errors, metrics
+from snapshotter.coordinator import agents
 from snapshotter.coordinator.agents import AgentHandle, call_all
 from snapshotter.rpc import relay
 from snapshotter.rpc.aio import LOOP, AioClient
@@ -179,3 +180,41 @@ def test_a_node_may_carry_relayed_calls_on_control_but_nothing_it_may_not_call(
             LOOP.run(b_to_a.call("Cancel", common_pb2.JobRef(job_id="x"), 10))
     finally:
         b_to_a.close()
+
+
+def test_a_failed_relay_has_its_group_called_directly_and_another_member_relays_next(
+    cluster: Cluster, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    live = cluster.coord.live_agents()
+    handles = [live["a"], live["b"]]
+    monkeypatch.setenv("SNAPSHOTTER_RELAY_MIN", "2")
+    monkeypatch.setattr(agents, "_SUSPECT", {})
+    ref = agent_pb2.PhaseRequest(job_id="no-such-job", freeze_id="frz-none", timeout_s=5)
+    real = relay.Relayer.relay
+
+    def broken(self: relay.Relayer, req: agent_pb2.RelayRequest) -> agent_pb2.RelayReply:
+        raise errors.Internal("the relay broke", "see its log")
+
+    monkeypatch.setattr(relay.Relayer, "relay", broken)
+    failed0, direct0 = _count("Relay", "internal"), _count("Resume", "job_not_found")
+    out = call_all(handles, "Resume", ref, 10)
+    # a's Relay failed; a and b were each called directly, and answered as themselves.
+    assert _count("Relay", "internal") - failed0 == 1
+    assert _count("Resume", "job_not_found") - direct0 == 2
+    assert sorted(out.failures) == ["a", "b"]
+    assert all(isinstance(e, errors.JobNotFound) for e in out.failures.values()), out.failures
+    # Next, b relays for the group (a is suspect for a while), and the calls go through it.
+    monkeypatch.setattr(relay.Relayer, "relay", real)
+    heads: list[str] = []
+    choose = agents._head
+
+    def spy(members: list[AgentHandle]) -> AgentHandle:
+        heads.append(choose(members).name)
+        return choose(members)
+
+    monkeypatch.setattr(agents, "_head", spy)
+    ok0, relayed0 = _count("Relay"), _count("Relayed")
+    out = call_all(handles, "Resume", ref, 10)
+    assert heads == ["b"]
+    assert _count("Relay") - ok0 == 1 and _count("Relayed") - relayed0 == 2
+    assert sorted(out.failures) == ["a", "b"]

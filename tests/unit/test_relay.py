@@ -145,3 +145,24 @@ def test_a_relay_reports_each_target_delivered_or_not() -> None:
     assert by["bad"].delivered and by["bad"].error.code == "job_not_found"
     assert not by["gone"].delivered and by["gone"].error.code == "service_unavailable"
     assert "unix:/gone" in by["gone"].error.cause
+
+
+def test_a_relay_keeps_few_clients_and_closes_the_oldest_and_the_idle(
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:
+    r = relay.Relayer(None)
+    monkeypatch.setattr(r, "MAX_CLIENTS", 2)
+    now = [1000.0]
+    monkeypatch.setattr(relay.time, "monotonic", lambda: now[0])
+    t = [agent_pb2.RelayTarget(name=f"n{i}", address=f"unix:/n{i}") for i in range(4)]
+    c0, c1 = r._client(t[0]), r._client(t[1])
+    assert r._client(t[0]) is c0  # kept, and now the most recently used
+    c2 = r._client(t[2])  # past the bound: the least recently used (n1) is closed
+    assert c1._closed and not c0._closed and not c2._closed
+    assert set(r._clients) == {("n0", "unix:/n0"), ("n2", "unix:/n2")}
+    now[0] += relay.Relayer.IDLE_S + 1
+    c3 = r._client(t[3])  # both others idle too long: closed
+    assert c0._closed and c2._closed and not c3._closed
+    assert list(r._clients) == [("n3", "unix:/n3")]
+    r.close()
+    assert c3._closed and not r._clients
