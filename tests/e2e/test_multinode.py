@@ -762,6 +762,24 @@ def _bad_ports(report: dict) -> dict[tuple[str, int], str]:
             if i["status"] != "healthy"}  # fmt: skip
 
 
+def _audit_naming(dep: Deployment, port: tuple[str, int], verdicts: set[str], *args: str) -> dict:
+    """An audit that names `port` (one of `verdicts`) and no other port at all. A probe's
+    throughput is a user-space copy's: on this 2-core machine, shared with the other test
+    run, a healthy link sometimes measures slow enough to be called degraded (seen once in
+    CI: two plane-0 ports while b's plane-1 port was shaped). Such an audit is run again, at
+    most twice; the shaped port must be named every time, and no other port ever failed."""
+    for attempt in range(3):
+        code, report = _audit(dep, *args)
+        bad = _bad_ports(report)
+        assert code == 18 and bad.get(port) in verdicts, report["interfaces"]
+        others = {p: v for p, v in bad.items() if p != port}
+        assert "failed" not in others.values(), report["interfaces"]
+        if not others or attempt == 2:
+            break
+    assert set(bad) == {port}, report["interfaces"]
+    return report
+
+
 def test_audit_names_a_slow_link_a_lossy_link_and_a_node_without_storage(
     deployment: Deployment,
 ) -> None:
@@ -772,16 +790,16 @@ def test_audit_names_a_slow_link_a_lossy_link_and_a_node_without_storage(
     b, c = deployment.cluster["b"], deployment.cluster["c"]
     try:
         qdisc(b, 1, "tbf rate 20mbit burst 32kbit latency 50ms")
-        code, report = _audit(deployment, "--link-mib", "8", "--storage-mib", "1")
+        report = _audit_naming(deployment, ("b", 1), {"failed"}, "--link-mib", "8",
+                               "--storage-mib", "1")  # fmt: skip
         assert report["rounds"] == 6 and len(report["links"]) == 6, report
-        assert code == 18 and _bad_ports(report) == {("b", 1): "failed"}, report["interfaces"]
         slow = [i for i in report["interfaces"] if (i["node"], i["plane"]) == ("b", 1)][0]
         assert "throughput" in slow["why"][0], slow
         assert not [n for n in report["nodes"] if n["status"] == "failed"], report["nodes"]
 
         qdisc(b, 1, "tbf rate 500mbit burst 16kb limit 16kb")
-        code, report = _audit(deployment, "--link-mib", "8", "--storage-mib", "1")
-        assert code == 18 and set(_bad_ports(report)) == {("b", 1)}, report["interfaces"]
+        report = _audit_naming(deployment, ("b", 1), {"failed", "degraded"}, "--link-mib",
+                               "8", "--storage-mib", "1")  # fmt: skip
         lossy = [i for i in report["interfaces"] if (i["node"], i["plane"]) == ("b", 1)][0]
         assert lossy["retrans"] > 0.01, lossy
     finally:
