@@ -14,12 +14,11 @@ from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from typing import Any, TypeVar
 
-from google.protobuf import message_factory
 from google.protobuf.message import DecodeError
 
 from snapshotter import errors, parallel
 from snapshotter.launch.spec import JobSpec
-from snapshotter.rpc import relay, status
+from snapshotter.rpc import control, relay, status
 from snapshotter.rpc.aio import LOOP, AioClient
 from snapshotter.rpc.client import Client, Target, agent_client
 from snapshotter.rpc.relay import Signer
@@ -172,8 +171,7 @@ async def _via_relays(
     its exception) in `todo`'s order. A member the relay did not deliver to, or every member
     of a group whose relay failed, is called directly."""
     raw = request.SerializeToString()
-    desc = agent_pb2.DESCRIPTOR.services_by_name["Agent"].methods_by_name[method]
-    reply_type = message_factory.GetMessageClass(desc.output_type)
+    reply_type = control.reply_class(agent_pb2.DESCRIPTOR.services_by_name["Agent"], method)
     out: list[Any] = [None] * len(todo)
 
     async def direct(i: int) -> None:

@@ -59,6 +59,12 @@ def valid_name(name: str) -> bool:
     return bool(_NAME.match(name))
 
 
+@functools.cache
+def reply_class(service: ServiceDescriptor, method: str) -> Any:
+    """The message class of the unary `method`'s reply (carried replies are bytes)."""
+    return message_factory.GetMessageClass(service.methods_by_name[method].output_type)
+
+
 class Unsupported(Exception):
     """The server has no Control (an earlier release): make the call as a call of its own."""
 
@@ -254,20 +260,13 @@ class Caller:
         self._address = address
         self._ids = itertools.count(1)
         self._stream: _Stream | None = None
-        self._replies: dict[str, Any] = {}
         self.supported = True
-
-    def _reply_type(self, method: str) -> Any:
-        if method not in self._replies:
-            m = self._service.methods_by_name[method]
-            self._replies[method] = message_factory.GetMessageClass(m.output_type)
-        return self._replies[method]
 
     async def call(self, method: str, request: Any, timeout: float | None) -> Any:
         """The unary `method`'s reply; raises what the unary call would, or Unsupported."""
         if not self.supported:
             raise Unsupported
-        reply_type = self._reply_type(method)
+        reply_type = reply_class(self._service, method)
         s = self._stream or self._open()
         rid = next(self._ids)
         loop = asyncio.get_running_loop()

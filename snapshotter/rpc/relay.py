@@ -182,7 +182,6 @@ async def deliver(
     """A relay's part: the order to every target at once; each target's outcome. `call(target,
     relayed, timeout)` is the Relayed call (a coroutine returning its ControlReply)."""
     relayed = agent_pb2.RelayedCall(order=req.order, signature=req.signature)
-
     loop = asyncio.get_running_loop()
 
     async def one(t: agent_pb2.RelayTarget) -> agent_pb2.RelayResult:

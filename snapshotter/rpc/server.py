@@ -163,10 +163,7 @@ class _Checks(grpc.ServerInterceptor):
             return handler
         md = {k: v for k, v in details.invocation_metadata if isinstance(v, str)}
         if handler.unary_unary is not None:
-            if self.trust is not None and method.endswith(_RELAYED):
-                call = self._relayed(method, md)
-            else:
-                call = self._checked(method, handler, md)
+            call = self._unary(method, handler, md)
 
             def unary(raw: bytes, context: grpc.ServicerContext) -> Any:
                 try:
@@ -267,6 +264,15 @@ class _Checks(grpc.ServerInterceptor):
 
         return call
 
+    def _unary(
+        self, method: str, handler: Any, md: Mapping[str, str]
+    ) -> Callable[[bytes, grpc.ServicerContext], Any]:
+        """A unary call, of its own or carried by Control: Relayed where this server takes
+        relayed calls, else the handler behind every check."""
+        if self.trust is not None and method.endswith(_RELAYED):
+            return self._relayed(method, md)
+        return self._checked(method, handler, md)
+
     def _relayed(
         self, method: str, md: Mapping[str, str]
     ) -> Callable[[bytes, grpc.ServicerContext], Any]:
@@ -334,10 +340,7 @@ class _Checks(grpc.ServerInterceptor):
                         f"{name[:64]!r} is not a unary method of {service.lstrip('/')}",
                         "carry only the service's unary calls over Control",
                     )
-                if self.trust is not None and full.endswith(_RELAYED):
-                    calls[name] = (self._relayed(full, md), h.response_serializer)
-                else:
-                    calls[name] = (self._checked(full, h, md), h.response_serializer)
+                calls[name] = (self._unary(full, h, md), h.response_serializer)
             return calls[name]
 
         def dispatch(name: str, raw: bytes, context: grpc.ServicerContext) -> bytes:
