@@ -1,13 +1,15 @@
 """The coordinator's control plane at scale (issue 17 part 4): for each number of agents, a
 real coordinator drives simulated agents x 8 ranks (tests/support/simagents.py: real Agent gRPC
-servers, heartbeating like `snapshotter agent`) through a launch and several freezes.
+servers, heartbeating like `snapshotter agent`) through a launch, several freezes and a thaw.
 
 Prints, per agents: the median seconds of each freeze phase as the coordinator saw it, the
 control-plane sum (prepare park suspend resume commit finish), growth against the first size,
 the coordinator's CPU seconds per freeze (and its event loop's, where every fan-out runs: the
 part of a phase no number of nodes shares; loop/ctl: the loop's in the control phases and
 the dump, i.e. from prepare to the end less the upload), its CPU per second of heartbeats
-alone, its RSS; relay_ms: the median time a relay took to deliver a phase and answer.
+alone, its RSS; relay_ms: the median time a relay took to deliver a phase and answer; thaw,
+thaw_cpu, thaw_thr: one thaw of the newest snapshot onto the same agents (seconds, the
+coordinator's CPU seconds, the most threads it ran above those before the thaw).
 
     .venv/bin/python bench/scale_bench.py [--agents 64,512,2048] [--runs 3] [--heartbeat-s 2]
         [--transports relay,control,unary]   (side by side: what relays and Control streams gain)
@@ -43,6 +45,9 @@ def one_size(agents: int, runs: int, heartbeat_s: float, window_s: float) -> dic
             timings.append(rig.freeze())
         hb_cpu, beats = rig.heartbeat_cpu(window_s)
         report = rig.check(freezes=runs)
+        # The newest snapshot thawed as a fork onto the same nodes (after the check: its
+        # ranks start a new history).
+        thawed = rig.thaw(timings[-1].snapshot_id, "scale-thawed")
         # Each Relay as its relay served it: delivering to its group and answering.
         relays = sorted(x for r in report.values() for x in r["relay_s"])
         return {
@@ -53,6 +58,9 @@ def one_size(agents: int, runs: int, heartbeat_s: float, window_s: float) -> dic
             "loop_ctl_s": statistics.median(t.loop_ctl_s for t in timings),
             "rss_idle_mib": rss_idle, "rss_mib": rss_mib(),
             "relay_ms": 1000 * statistics.median(relays) if relays else 0.0,
+            "thaw_s": thawed.total_s, "thaw_fetch_s": thawed.fetch_s,
+            "thaw_restore_s": thawed.restore_s, "thaw_cpu_s": thawed.cpu_s,
+            "thaw_threads": thawed.extra_threads,
         }  # fmt: skip
 
 
@@ -102,6 +110,9 @@ def main() -> int:
                 "hb_cpu": f"{r['hb_cpu']:.3f}",
                 "hb/s": f"{r['beats_per_s']:.0f}",
                 "launch": f"{r['launch_s']:.2f}",
+                "thaw": f"{r['thaw_s']:.2f}",
+                "thaw_cpu": f"{r['thaw_cpu_s']:.2f}",
+                "thaw_thr": f"{r['thaw_threads']}",
                 "rss_mib": f"{r['rss_mib']:.0f}",
             }
             out.append(
@@ -113,7 +124,8 @@ def main() -> int:
     for tr in transports:
         print(f"\n{tr}: {TRANSPORTS[tr]}")
         print(f"freeze phases, median of {a.runs} (s); heartbeats every {a.heartbeat_s}s per "
-              "agent; hb_cpu: coordinator CPU s per s of heartbeats alone")  # fmt: skip
+              "agent; hb_cpu: coordinator CPU s per s of heartbeats alone; thaw: one thaw "
+              "of the newest snapshot (s, coordinator CPU s, threads above those before)")
         print(table(rows[tr], extra[tr]))
     if len(transports) > 1:
         first, *others = transports

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import asyncio
 import collections
-import queue
 import threading
 import time
 from collections.abc import Callable, Iterable, Iterator, Sequence
@@ -97,17 +96,22 @@ def call_all(
     *,
     started: Callable[[AgentHandle], None] | None = None,
     ended: Callable[[AgentHandle, float, float], None] | None = None,
+    first_failure: Callable[[AgentHandle, BaseException], None] | None = None,
 ) -> parallel.Outcome[str, Any]:
     """The unary `method` (e.g. "Park") on every agent at once, on the process's event loop
     rather than a thread per agent (rpc/aio.py: at 2,048 agents the threads were most of a
     phase's cost); results and failures by agent name, in the agents' order. `request`: the
     same message for all, or a function making each agent's. `started(agent)` and
     `ended(agent, start, end)` (wall-clock times) run on the loop's thread as each call starts
-    and ends: keep them short."""
+    and ends: keep them short. `first_failure(agent, error)` runs once, as soon as the first
+    call fails, while the others may still run (as `parallel.each`'s): on a thread of its
+    own, since it may block (a thaw cancels the other nodes' restores), and call_all returns
+    only after it did."""
     todo = list(agents)
     out: parallel.Outcome[str, Any] = parallel.Outcome()
     if not todo:
         return out
+    hook: list[asyncio.Future[None]] = []
 
     async def one(a: AgentHandle) -> Any:
         if started is not None:
@@ -116,16 +120,25 @@ def call_all(
         try:
             req = request(a) if callable(request) else request
             return await a.aio.call(method, req, timeout)
+        except Exception as e:
+            if first_failure is not None and not hook:
+                hook.append(asyncio.get_running_loop().run_in_executor(
+                    parallel.CACHED, first_failure, a, e))  # fmt: skip
+            raise
         finally:
             if ended is not None:
                 ended(a, t0, time.time())
 
     async def every() -> list[Any]:
-        return await asyncio.gather(*(one(a) for a in todo), return_exceptions=True)
+        got = await asyncio.gather(*(one(a) for a in todo), return_exceptions=True)
+        if hook:
+            await asyncio.gather(*hook, return_exceptions=True)  # its own failure is its own
+        return got
 
     signer = todo[0].relay
     relayed = (
         signer is not None and timeout is not None and not callable(request)
+        and first_failure is None
         and method in relay.RELAYED and len(todo) >= relay.min_agents()
         and all(a.relay is signer for a in todo)
     )  # fmt: skip
@@ -233,9 +246,10 @@ async def _via_relays(
 def stream_all(
     agents: Sequence[AgentHandle], method: str, request: Any
 ) -> Iterator[tuple[str, Any]]:
-    """The response-streaming `method` with the same `request` on every agent at once, on the
-    process's event loop; yields (agent, message) as they arrive, and a failure of one agent
-    as (agent, exception) while the others go on. Leaving early cancels the calls.
+    """The response-streaming `method` on every agent at once, on the process's event loop;
+    yields (agent, message) as they arrive, and a failure of one agent as (agent, exception)
+    while the others go on. Leaving early cancels the calls. `request`: the same message for
+    all, or a function making each agent's (made on the loop's thread: keep it short).
 
     Messages reach this thread in batches (one wake-up for whatever arrived meanwhile): a
     wake-up per message was a third of the coordinator's time in a 2,048-node upload."""
@@ -245,7 +259,8 @@ def stream_all(
 
     async def pump(a: AgentHandle) -> None:
         try:
-            async for msg in a.aio.stream(method, request):
+            req = request(a) if callable(request) else request
+            async for msg in a.aio.stream(method, req):
                 arrived.append((a.name, msg))
                 ready.set()
         except Exception as e:  # noqa: BLE001 - handed to the consumer
@@ -277,33 +292,3 @@ def open_rdzv_req(spec: JobSpec) -> agent_pb2.OpenRdzvRequest:
     """OpenRdzv on node 0's agent: the job's rendezvous server, started with its Python."""
     return agent_pb2.OpenRdzvRequest(job_id=spec.job_id, python=spec.python, env=spec.env,
                                      spare=spec.recovery.mode == "auto")  # fmt: skip
-
-
-def merge_streams(
-    agents: Sequence[AgentHandle], call: Callable[[AgentHandle], Iterator[Any]]
-) -> Iterator[tuple[str, Any]]:
-    """A streaming call on every agent at once, yielding (agent, event) as they arrive. A
-    failure of one agent arrives as (agent, exception); the others continue."""
-    q: queue.Queue[tuple[str, Any]] = queue.Queue()
-    done = object()
-
-    def pump(a: AgentHandle) -> None:
-        try:
-            for ev in call(a):
-                q.put((a.name, ev))
-        except BaseException as e:  # noqa: BLE001 - handed to the consumer
-            q.put((a.name, e))
-        finally:
-            q.put((a.name, done))
-
-    for a in agents:
-        # Threads of the shared cached pool: a stream per agent stays open until its node's
-        # upload ends, but the threads are not started anew for each of 2,048 agents.
-        parallel.CACHED.submit(pump, a)
-    open_ = len(agents)
-    while open_:
-        name, ev = q.get()
-        if ev is done:
-            open_ -= 1
-            continue
-        yield name, ev

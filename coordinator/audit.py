@@ -10,14 +10,15 @@ and measures latency, throughput and retransmissions (ProbeLink; agent/probe.py)
 
 from __future__ import annotations
 
-import functools
+import asyncio
 import secrets
 import time
 from typing import TYPE_CHECKING
 
-from snapshotter import errors, parallel
+from snapshotter import errors
 from snapshotter.coordinator import audit_rules as rules
-from snapshotter.coordinator.agents import AgentHandle, on_all
+from snapshotter.coordinator.agents import AgentHandle, call_all
+from snapshotter.rpc.aio import LOOP
 from snapshotter.v1 import agent_pb2, common_pb2
 from snapshotter.v1 import coordinator_pb2 as pb
 
@@ -36,19 +37,29 @@ def _bounded(v: int, default: int, what: str) -> int:
     return v or default
 
 
-def _probe(a: AgentHandle, b: AgentHandle, plane: int, nbytes: int) -> rules.Probe:
-    token = secrets.token_hex(16)
-    ep = b.stub.OpenProbe(agent_pb2.OpenProbeRequest(plane=plane, token=token, peer=a.name),
-                          timeout=30)  # fmt: skip
-    m = a.stub.ProbeLink(agent_pb2.ProbeLinkRequest(
-        peer=b.name, address=ep.address, port=ep.port, token=token, bytes=nbytes, plane=plane),
-        timeout=180)  # fmt: skip
+async def _probe(a: AgentHandle, b: AgentHandle, plane: int, nbytes: int) -> rules.Probe:
+    """`a` measures its link to `b` on `plane`; a failure to set it up is the probe's error."""
+    try:
+        token = secrets.token_hex(16)
+        ep = await b.aio.call("OpenProbe", agent_pb2.OpenProbeRequest(
+            plane=plane, token=token, peer=a.name), 30)  # fmt: skip
+        m = await a.aio.call("ProbeLink", agent_pb2.ProbeLinkRequest(
+            peer=b.name, address=ep.address, port=ep.port, token=token, bytes=nbytes,
+            plane=plane), 180)  # fmt: skip
+    except Exception as e:  # noqa: BLE001 - the link's outcome
+        return rules.Probe(a.name, b.name, plane, 0.0, 0.0, 0.0, _cause(e))
     return rules.Probe(a.name, b.name, plane, m.rtt_ms, m.mbps, m.retrans, m.error)
 
 
-def _pair(live: dict[str, AgentHandle], plane: int, nbytes: int,
-          pair: tuple[str, str]) -> rules.Probe:  # fmt: skip
-    return _probe(live[pair[0]], live[pair[1]], plane, nbytes)
+def _round(live: dict[str, AgentHandle], plane: int, nbytes: int,
+           pairs: list[tuple[str, str]]) -> list[rules.Probe]:  # fmt: skip
+    """One round's probes at once, on the process's event loop (a thread per pair was half
+    as many threads as nodes, every round)."""
+
+    async def every() -> list[rules.Probe]:
+        return await asyncio.gather(*(_probe(live[a], live[b], plane, nbytes) for a, b in pairs))
+
+    return LOOP.run(every())
 
 
 def _cause(e: BaseException) -> str:
@@ -70,8 +81,8 @@ def run(c: Coordinator, req: pb.AuditRequest) -> pb.AuditReport:
     storage_bytes = _bounded(req.storage_bytes, DEFAULT_STORAGE_BYTES, "a storage probe")
     agents = [live[n] for n in names]
 
-    asked = on_all(agents, lambda a: a.stub.AuditNode(
-        agent_pb2.AuditNodeRequest(storage_bytes=storage_bytes), timeout=240))  # fmt: skip
+    asked = call_all(agents, "AuditNode",
+                     agent_pb2.AuditNodeRequest(storage_bytes=storage_bytes), 240)  # fmt: skip
     checks = {n: list(r.checks) for n, r in asked.results.items()}
     unreachable = {n: _cause(e) for n, e in asked.failures.items()}
 
@@ -80,11 +91,7 @@ def run(c: Coordinator, req: pb.AuditRequest) -> pb.AuditReport:
     probes: list[rules.Probe] = []
     for plane in range(planes):
         for pairs in schedule:
-            done = parallel.each(pairs, functools.partial(_pair, live, plane, link_bytes),
-                                 key=lambda pr: pr, name="probes")  # fmt: skip
-            probes += done.results.values()
-            probes += [rules.Probe(a, b, plane, 0.0, 0.0, 0.0, _cause(e))
-                       for (a, b), e in done.failures.items()]  # fmt: skip
+            probes += _round(live, plane, link_bytes, list(pairs))
     return _report(checks, unreachable, probes, len(schedule) * planes,
                    time.monotonic() - started)  # fmt: skip
 

@@ -414,10 +414,7 @@ class FreezeOperation:
             if self._uploaded:
                 call_all(self.agents, "DiscardUpload", self._ref(), 30)
             job = common_pb2.JobRef(job_id=self.spec.job_id)
-            on_all(
-                [a for a in self.agents if a.name not in silent],
-                lambda a: a.stub.Cancel(job, timeout=60),
-            )
+            call_all([a for a in self.agents if a.name not in silent], "Cancel", job, 60)
             return lost_text(silent, ended)
         self._restore_job()
         return ""
@@ -430,10 +427,10 @@ class FreezeOperation:
         silent = sorted(out.failures)
         # An agent that answers may still be a new incarnation (restarted under its keeper,
         # at the same address): it knows nothing of this freeze.
-        restarted = sorted(n for n, inc in on_all(
-            [a for a in self.agents if a.name in out.results],
-            lambda a: a.stub.Ping(common_pb2.Empty(), timeout=5).incarnation,
-        ).results.items() if inc != self._incarnations[n])  # fmt: skip
+        pinged = call_all([a for a in self.agents if a.name in out.results], "Ping",
+                          common_pb2.Empty(), 5)  # fmt: skip
+        restarted = sorted(n for n, r in pinged.results.items()
+                           if r.incarnation != self._incarnations[n])  # fmt: skip
         # A new agent that re-adopted the node's ranks lets go those this freeze parked, and
         # leaves those it suspended to this freeze's resume (agent/settle.py): every node's
         # ranks rebuild their communicators together.

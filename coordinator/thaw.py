@@ -17,7 +17,7 @@ from collections.abc import Iterator, Sequence
 from typing import Any
 
 from snapshotter import errors
-from snapshotter.coordinator.agents import AgentHandle, merge_streams, on_all, open_rdzv_req
+from snapshotter.coordinator.agents import AgentHandle, call_all, open_rdzv_req, stream_all
 from snapshotter.launch.spec import JobSpec
 from snapshotter.rpc import convert
 from snapshotter.storage.sealing import Seal
@@ -90,7 +90,7 @@ class ThawOperation:
         except BaseException:
             opener.join()
             job = common_pb2.JobRef(job_id=self.spec.job_id)
-            on_all(self.agents[:1], lambda a: a.stub.CloseRdzv(job, timeout=30))
+            call_all(self.agents[:1], "CloseRdzv", job, 30)
             raise
 
     def _open_rdzv(self, out: dict[str, Any]) -> None:
@@ -110,15 +110,17 @@ class ThawOperation:
         failures: dict[str, BaseException] = {}
         yield pb.ThawEvent(phase=common_pb2.PhaseEvent(phase="fetch", snapshot_id=self.snapshot_id))
 
-        def fetch(a: AgentHandle) -> Iterator[agent_pb2.FetchEvent]:
+        def fetch(a: AgentHandle) -> agent_pb2.FetchRequest:
             streams = [r.stream for r in self._ranks[node_of[a.name]]]
             req = agent_pb2.FetchRequest(snapshot_id=self.snapshot_id, streams=streams,
                                          manifest_sha256=self.digest)  # fmt: skip
             if self.seal is not None:
                 req.seal.CopyFrom(convert.data_key(self.seal))
-            return a.stub.Fetch(req)
+            return req
 
-        for name, ev in merge_streams(self.agents, fetch):
+        # Every node's stream and restore on the process's event loop, as a freeze's calls:
+        # a thread per node was two per node and thaw (agents.call_all).
+        for name, ev in stream_all(self.agents, "Fetch", fetch):
             if isinstance(ev, BaseException):
                 failures[name] = ev
             elif ev.HasField("fetched"):
@@ -147,15 +149,14 @@ class ThawOperation:
         yield pb.ThawEvent(phase=common_pb2.PhaseEvent(phase="restore"))
         t1 = time.monotonic()
 
-        def restore(a: AgentHandle) -> agent_pb2.RestoreReply:
-            return a.stub.Restore(
-                agent_pb2.RestoreRequest(
-                    op=ops[a.name], spec=self.spec.to_proto(), ranks=self._ranks[node_of[a.name]],
-                    node_rank=node_of[a.name], timeout_s=self.resume_timeout,
-                    rdzv=opened["rdzv"], epoch=self.thaw_id, put_back_files=self.put_back_files,
-                    plane=self.plane, seal=self.checkpoint_key,
-                ),
-                timeout=None,
+        spec = self.spec.to_proto()
+
+        def restore(a: AgentHandle) -> agent_pb2.RestoreRequest:
+            return agent_pb2.RestoreRequest(
+                op=ops[a.name], spec=spec, ranks=self._ranks[node_of[a.name]],
+                node_rank=node_of[a.name], timeout_s=self.resume_timeout,
+                rdzv=opened["rdzv"], epoch=self.thaw_id, put_back_files=self.put_back_files,
+                plane=self.plane, seal=self.checkpoint_key,
             )  # fmt: skip
 
         job = common_pb2.JobRef(job_id=self.spec.job_id)
@@ -163,15 +164,13 @@ class ThawOperation:
         def cancel_the_others(failed: AgentHandle, _: BaseException) -> None:
             # The other nodes' ranks would wait for the failed node's ranks until their resume
             # deadline: stop them now, so the thaw fails at once and no partial job runs.
-            on_all([a for a in self.agents if a is not failed],
-                   lambda a: a.stub.Cancel(job, timeout=60))  # fmt: skip
+            call_all([a for a in self.agents if a is not failed], "Cancel", job, 60)
 
-        out = on_all(self.agents, restore, first_failure=cancel_the_others)
+        out = call_all(self.agents, "Restore", restore, None, first_failure=cancel_the_others)
         if out.failures:
             # Nodes that did restore must not run a partial job (again: a restore that had not
             # reached its agent when the first failure cancelled the others may have run since).
-            on_all([a for a in self.agents if a.name in out.results],
-                   lambda a: a.stub.Cancel(job, timeout=60))  # fmt: skip
+            call_all([a for a in self.agents if a.name in out.results], "Cancel", job, 60)
             self._discard(ops)
             out.raise_first()
         stats = pb.ThawStats(
@@ -187,7 +186,5 @@ class ThawOperation:
         yield pb.ThawEvent(done=pb.ThawDone(job_id=self.spec.job_id, stats=stats))
 
     def _discard(self, ops: dict[str, str]) -> None:
-        on_all(
-            [a for a in self.agents if a.name in ops],
-            lambda a: a.stub.DiscardFetch(agent_pb2.FetchRef(op=ops[a.name]), timeout=60),
-        )
+        call_all([a for a in self.agents if a.name in ops], "DiscardFetch",
+                 lambda a: agent_pb2.FetchRef(op=ops[a.name]), 60)  # fmt: skip

@@ -102,3 +102,54 @@ def test_streams_from_every_agent_merge_and_a_failure_stays_its_nodes(cluster: C
     with pytest.raises(errors.SnapshotterError) as blocking:
         list(handles[1].stub.Logs(req))
     assert type(got["b"][0]) is type(blocking.value)
+
+
+def test_first_failure_runs_once_off_the_loop_and_before_call_all_returns(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    good = _handles(cluster)
+    gone = [
+        AgentHandle(n, f"unix:{tmp_path / n}.sock", "127.0.0.1",
+                    dataclasses.replace(good[0].target, address=f"unix:{tmp_path / n}.sock"))
+        for n in ("gone1", "gone2")
+    ]  # fmt: skip
+    hooked: list[tuple[str, str, bool]] = []
+    finished = threading.Event()
+
+    def first_failure(a: AgentHandle, e: BaseException) -> None:
+        # It may block (a thaw cancels the other nodes here): a blocking fan-out of its own
+        # must work from it, which it could not on the loop's thread.
+        pinged = call_all(good, "Ping", common_pb2.Empty(), 10)
+        hooked.append((a.name, type(e).__name__, pinged.ok))
+        finished.set()
+
+    try:
+        out = call_all([*good, *gone], "Ping", common_pb2.Empty(), 10, first_failure=first_failure)
+    finally:
+        for g in gone:
+            g.close()
+    assert finished.is_set(), "call_all returned before its first_failure hook ended"
+    assert len(hooked) == 1, hooked
+    name, kind, pinged_ok = hooked[0]
+    assert name in ("gone1", "gone2") and kind == "ServiceUnavailable" and pinged_ok, hooked
+    assert list(out.results) == ["a", "b"] and sorted(out.failures) == ["gone1", "gone2"]
+
+
+def test_no_failure_no_hook_and_each_agent_gets_its_own_stream_request(cluster: Cluster) -> None:
+    called: list[str] = []
+    out = call_all(_handles(cluster), "Ping", common_pb2.Empty(), 10,
+                   first_failure=lambda a, e: called.append(a.name))  # fmt: skip
+    assert out.ok and not called, (out.failures, called)
+
+    job = cluster.run("fan-own", "a", "--steps", "2")
+    cluster.wait(job)
+    asked = {"a": job, "b": "fan-nobody"}
+    got: dict[str, list[object]] = {"a": [], "b": []}
+    def logs(h: AgentHandle) -> common_pb2.LogsRequest:
+        return common_pb2.LogsRequest(job_id=asked[h.name])
+
+    for name, msg in stream_all(_handles(cluster), "Logs", logs):
+        got[name].append(msg)
+    assert got["a"] and not any(isinstance(m, BaseException) for m in got["a"]), got["a"]
+    assert len(got["b"]) == 1 and isinstance(got["b"][0], errors.JobNotFound), got["b"]
+    assert "fan-nobody" in got["b"][0].cause, got["b"][0]

@@ -1,6 +1,7 @@
 """The coordinator at scale (issue 17 part 4): 512 simulated agents x 8 ranks, each a real
-Agent gRPC server heartbeating the real coordinator service, through a launch and two real
-freezes; the phase table is printed (no timing is asserted: this machine is shared)."""
+Agent gRPC server heartbeating the real coordinator service, through a launch, two real
+freezes and a thaw of the second; the phase table is printed (no timing is asserted: this
+machine is shared)."""
 
 from __future__ import annotations
 
@@ -50,12 +51,28 @@ def test_512_agents_freeze_in_order_commit_and_stay_alive(
         # coordinator's to each agent, and its relay's.
         streams = {n: r["calls"].get("control") for n, r in report.items()}
         assert set(streams.values()) == {2}, streams
+
+        # The newest snapshot thaws as a fork onto the same nodes: every node fetches its own
+        # stream and restores its own ranks once (the simulated agents refuse anything else),
+        # and the fan-outs ride the event loop: no thread per node (there were two per node).
+        thawed = rig.thaw(ids[-1], "scale-thawed")
+        after = rig.hosts.report()
+        assert not [r["refused"] for r in after.values() if r["refused"]]
+        assert all(r["calls"].get("fetch") == 1 and r["calls"].get("restore") == 1
+                   and "discard_fetch" not in r["calls"] for r in after.values())  # fmt: skip
+        job = rig.coord.job("scale-thawed")
+        assert not job.busy and job.thawed_from == ids[-1] and job.nodes == list(rig.hosts.names)
+        assert rig.coord.status("scale-thawed").state == "RUNNING"
+        assert thawed.extra_threads < AGENTS // 8, thawed
         with capsys.disabled():
             print(f"\n{AGENTS} simulated agents x {NPROC} ranks: started in {rig.start_s:.2f}s, "
                   f"launch {launch_s:.2f}s")  # fmt: skip
             print(table({AGENTS: runs}, {AGENTS: {
                 "hb_cpu": f"{hb_cpu:.3f}", "hb/s": f"{beats / 4.0:.0f}",
                 "rss_mib": f"{rss_mib():.0f}"}}))  # fmt: skip
+            print(f"thaw: fetch {thawed.fetch_s:.2f}s, restore {thawed.restore_s:.2f}s, "
+                  f"total {thawed.total_s:.2f}s, coordinator CPU {thawed.cpu_s:.2f}s, "
+                  f"{thawed.extra_threads} more threads")  # fmt: skip
 
 
 def test_heartbeats_stay_under_the_coordinators_bound_and_no_agent_is_lost(

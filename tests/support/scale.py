@@ -12,6 +12,7 @@ RSS are the coordinator's (the agents live in their own processes).
 from __future__ import annotations
 
 import sys
+import threading
 import time
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -55,6 +56,18 @@ class FreezeTiming:
     @property
     def control_s(self) -> float:
         return sum(self.phases[p] for p in CONTROL)
+
+
+@dataclass
+class ThawTiming:
+    job_id: str
+    fetch_s: float  # the fetch phase: every node's Fetch stream, to its last `fetched`
+    restore_s: float  # every node's Restore, to the thaw's end
+    total_s: float
+    cpu_s: float  # the coordinator's CPU time for the whole thaw
+    # The most threads this process ran during the thaw, above those it ran before: the
+    # fan-outs ride the event loop, not a thread per node.
+    extra_threads: int
 
 
 def _span_range(spans: list[Any], phase: str) -> float:
@@ -144,6 +157,37 @@ class ScaleRig:
         }
         loop_ctl = (loop_at["done"] - loop_at["prepare"]) - (loop_at["commit"] - loop_at["upload"])
         return FreezeTiming(done.snapshot_id, phases, cpu, loop_cpu, loop_ctl)
+
+    def thaw(self, snapshot_id: str, job_id: str) -> ThawTiming:
+        """Thaw `snapshot_id` as `job_id` onto the same nodes in the same order (each node gets
+        the stream it uploaded), timed by phase from its events."""
+        base = threading.active_count()
+        peak = [base]
+        done_ev = threading.Event()
+
+        def sample() -> None:
+            while not done_ev.wait(0.005):
+                peak[0] = max(peak[0], threading.active_count())
+
+        sampler = threading.Thread(target=sample, daemon=True, name="thread-sampler")
+        sampler.start()
+        marks: dict[str, float] = {}
+        t0, c0 = time.monotonic(), time.process_time()
+        try:
+            for ev in self.coord.thaw(pb.ThawRequest(snapshot_id=snapshot_id, job_id=job_id,
+                                                     nodes=self.hosts.names)):  # fmt: skip
+                if ev.HasField("phase") and not ev.phase.node:
+                    marks.setdefault(ev.phase.phase, time.monotonic())
+                elif ev.HasField("done"):
+                    marks["done"] = time.monotonic()
+        finally:
+            done_ev.set()
+            sampler.join()
+        cpu = time.process_time() - c0
+        assert {"fetch", "restore", "done"} <= set(marks), marks
+        fetch_s, restore_s = marks["restore"] - marks["fetch"], marks["done"] - marks["restore"]
+        return ThawTiming(job_id, fetch_s, restore_s, marks["done"] - t0, cpu,
+                          peak[0] - base - 1)  # fmt: skip
 
     def heartbeat_cpu(self, window_s: float = 10.0) -> tuple[float, int]:
         """The coordinator's CPU seconds per second while only heartbeats arrive, and how many

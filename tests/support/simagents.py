@@ -12,9 +12,11 @@ cost a polling thread each). A server cannot tell which of its ports a call came
 call's :authority is "localhost" on every unix socket), hence a server per agent.
 
 The data phases are instant: Dump reports its ranks, Upload one empty stream per node, so the
-coordinator commits a real (tiny, signed) manifest to the store. Every rank keeps the order of
-the phases it went through and refuses a phase out of order (FAILED_PRECONDITION), so a
-coordinator that skipped or reordered a phase fails the freeze and the check of `Report`.
+coordinator commits a real (tiny, signed) manifest to the store; a thaw of it fetches and
+restores at once, each node checking it was given its own stream and ranks. Every rank keeps
+the order of the phases it went through and refuses a phase out of order
+(FAILED_PRECONDITION), so a coordinator that skipped or reordered a phase fails the freeze and
+the check of `Report`.
 """
 
 from __future__ import annotations
@@ -217,6 +219,50 @@ class SimAgent(agent_pb2_grpc.AgentServicer):
 
     async def SetPolicy(self, req: agent_pb2.JobPolicy, ctx: Any) -> agent_pb2.NodeJob:
         return self._node_job()
+
+    # ---- a thaw: instant as well, but what each node is given is checked -------------
+
+    async def Fetch(self, req: agent_pb2.FetchRequest, ctx: Any) -> Any:
+        """This node's share of a committed snapshot: its ranks' streams, all the one it
+        uploaded (each node one), with the checked manifest's digest."""
+        self._count("fetch")
+        why = None
+        if set(req.streams) != {self.name} or len(req.streams) != self.nproc:
+            why = f"{self.name}: asked to fetch streams {list(req.streams)[:3]}..., not its own"
+        elif len(req.manifest_sha256) != 64:
+            why = f"{self.name}: a fetch without the checked manifest's digest"
+        if why:
+            self.refused.append(why)
+            await ctx.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
+        yield agent_pb2.FetchEvent(fetched=agent_pb2.Fetched(
+            node=self.name, op=f"fetch-{self.name}-{req.snapshot_id}"))  # fmt: skip
+
+    async def Restore(self, req: agent_pb2.RestoreRequest, ctx: Any) -> agent_pb2.RestoreReply:
+        """The job restored here: this node's ranks (as it dumped them), under the op its
+        fetch gave; they start a new history of phases."""
+        self._count("restore")
+        ranks = sorted(r.rank for r in req.ranks)
+        n = req.spec.nproc_per_node
+        why = None
+        if not req.op.startswith(f"fetch-{self.name}-"):
+            why = f"{self.name}: restore of op {req.op!r}, not one of its fetches"
+        elif ranks != list(range(req.node_rank * n, (req.node_rank + 1) * n)) or any(
+            r.stream != self.name for r in req.ranks
+        ):
+            why = f"{self.name}: node rank {req.node_rank} given ranks {ranks[:3]}..."
+        elif not req.epoch or not req.rdzv.port:
+            why = f"{self.name}: a restore without its thaw's epoch or rendezvous"
+        if why:
+            self.refused.append(why)
+            await ctx.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
+        self.job = agent_pb2.LaunchRequest(spec=req.spec, node_rank=req.node_rank)
+        self.ranks = [SimRank(r) for r in ranks]
+        self.freeze_id = ""
+        return agent_pb2.RestoreReply(node=self.name, job=self._node_job())
+
+    async def DiscardFetch(self, req: agent_pb2.FetchRef, ctx: Any) -> common_pb2.Empty:
+        self._count("discard_fetch")
+        return common_pb2.Empty()
 
     async def _carry(self, name: str, raw: bytes) -> agent_pb2.ControlReply:
         """One unary call of this servicer by name, its reply or failure as a Control reply."""
