@@ -45,14 +45,30 @@ class Stub:
         yield agent_pb2.FetchEvent(fetched=agent_pb2.Fetched(op="thaw-1"))
 
 
+class Aio:
+    """The same stub as the coordinator's event-loop client sees it (rpc/aio.py's AioClient:
+    a thaw's fetches, restores and discards go out on the loop)."""
+
+    def __init__(self, stub: Stub) -> None:
+        self.stub = stub
+
+    async def call(self, method: str, req: Any, timeout: float | None) -> Any:
+        return getattr(self.stub, method)(req, timeout=timeout)
+
+    async def stream(self, method: str, req: Any, timeout: float | None = None) -> Any:
+        for ev in getattr(self.stub, method)(req):
+            yield ev
+
+
+def _agent(name: str, stub: Stub) -> SimpleNamespace:
+    return SimpleNamespace(name=name, stub=stub, aio=Aio(stub), relay=None)
+
+
 def test_each_fetch_progress_names_its_node() -> None:
     spec = JobSpec("job-a", "train.py", [], False, "python3", "/", {}, nnodes=2)
     meta = {"ranks": [{"rank": 0, "node_rank": 0, "stream": "rank-0"},
                       {"rank": 1, "node_rank": 1, "stream": "rank-1"}]}  # fmt: skip
-    agents = [
-        SimpleNamespace(name="a", stub=Stub(False)),
-        SimpleNamespace(name="b", stub=Stub(True)),
-    ]
+    agents = [_agent("a", Stub(False)), _agent("b", Stub(True))]
     events = []
     with pytest.raises(errors.SnapshotCorrupt):
         for ev in ThawOperation("job-a-0001", meta, spec, agents).run():  # type: ignore[arg-type]
