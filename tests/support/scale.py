@@ -60,7 +60,6 @@ class FreezeTiming:
 
 @dataclass
 class ThawTiming:
-    job_id: str
     fetch_s: float  # the fetch phase: every node's Fetch stream, to its last `fetched`
     restore_s: float  # every node's Restore, to the thaw's end
     total_s: float
@@ -186,8 +185,7 @@ class ScaleRig:
         cpu = time.process_time() - c0
         assert {"fetch", "restore", "done"} <= set(marks), marks
         fetch_s, restore_s = marks["restore"] - marks["fetch"], marks["done"] - marks["restore"]
-        return ThawTiming(job_id, fetch_s, restore_s, marks["done"] - t0, cpu,
-                          peak[0] - base - 1)  # fmt: skip
+        return ThawTiming(fetch_s, restore_s, marks["done"] - t0, cpu, peak[0] - base - 1)
 
     def heartbeat_cpu(self, window_s: float = 10.0) -> tuple[float, int]:
         """The coordinator's CPU seconds per second while only heartbeats arrive, and how many
