@@ -25,6 +25,7 @@ from snapshotter.agent.local_copy import LocalCopies
 from snapshotter.agent.progress import HOLD_S as PROGRESS_HOLD_S
 from snapshotter.agent.progress import rank_state
 from snapshotter.agent.runtime import JobTable, NodeJob, NodeJobState, RankRuntime
+from snapshotter.agent.unparked import WHERE_WAIT_S, unparked
 from snapshotter.config import Paths, upload_nice
 from snapshotter.gpu.stage import GpuHold, GpuStage
 from snapshotter.hook import protocol
@@ -203,6 +204,10 @@ class Freezes:
                     reply.parked[r.rank].seq = int(at.get("seq", 0))
                 except errors.SnapshotterError as e:
                     reply.missing[r.rank] = e.cause
+            for r in job.ranks:
+                if r.rank in reply.missing:
+                    seen = r.channel.progress(WHERE_WAIT_S, where=True)
+                    reply.missing[r.rank] = unparked(reply.missing[r.rank], targets, seen)
             if not reply.missing:
                 fr.phase = P.PARKED
             return reply

@@ -117,7 +117,7 @@ class RankChannel:
         self.send(msg)
         return self.expect(protocol.REPLY_TO[msg["op"]], msg.get("freeze"), timeout)
 
-    def ask_progress(self) -> int:
+    def ask_progress(self, where: bool = False) -> int:
         """Ask the rank for its progress (unless the last query is still unanswered: then that
         one stands); the query number to pass to `progress_reply`.
 
@@ -138,7 +138,7 @@ class RankChannel:
                     self._asked = None
             if self._asked is None:
                 self._query += 1
-                self.send(protocol.progress(self._query))
+                self.send(protocol.progress(self._query, where))
                 self._asked = self._query
             return self._asked
 
@@ -166,10 +166,11 @@ class RankChannel:
             except protocol.ProtocolError:
                 return None  # answered, but with nothing a reader can use
 
-    def progress(self, timeout: float) -> protocol.Progress | None:
-        """Ask for the rank's progress and wait up to `timeout` for it (None: no answer)."""
+    def progress(self, timeout: float, where: bool = False) -> protocol.Progress | None:
+        """Ask for the rank's progress (`where`: with where its threads are) and wait up to
+        `timeout` for it (None: no answer)."""
         try:
-            query = self.ask_progress()
+            query = self.ask_progress(where)
         except errors.SnapshotterError:
             return None
         return self.progress_reply(query, timeout)

@@ -19,7 +19,7 @@ import threading
 import time
 from typing import Any
 
-from snapshotter.hook import protocol, telemetry
+from snapshotter.hook import protocol, stacks, telemetry
 from snapshotter.hook.barrier import BarrierError, ParkPoint, QuiesceBarrier, State
 from snapshotter.hook.sockets import ForeignSockets, Owned, tcp_sockets
 from snapshotter.hook.telemetry import StepClock
@@ -186,10 +186,11 @@ class Hook:
         # Answered in every barrier state and also when the hook is disabled (0 steps, no
         # groups): reading the counters changes nothing the training threads see.
         query = protocol.query_of(msg)
+        where = stacks.where() if msg.get("where") else None
         self.send(protocol.progress_report(query, self.steps, self.barrier.counts(),
                                            self.barrier.state.value,
                                            self.barrier.oldest_in_flight_s(),
-                                           self._telemetry()))  # fmt: skip
+                                           self._telemetry(), where))  # fmt: skip
 
     def _telemetry(self) -> dict[str, Any] | None:
         if self.step_clock is None:

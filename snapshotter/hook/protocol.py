@@ -35,7 +35,7 @@ library (the hook runs in the job's interpreter, which may have nothing else of 
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -127,8 +127,13 @@ def abort(freeze: str) -> Msg:
     return {"op": ABORT, "freeze": freeze}
 
 
-def progress(query: int) -> Msg:
-    return {"op": PROGRESS, "query": int(query)}
+def progress(query: int, where: bool = False) -> Msg:
+    """Ask for a progress report; `where`: also where each of the rank's threads is (asked
+    for a rank that did not park, to say what it waits on)."""
+    msg: Msg = {"op": PROGRESS, "query": int(query)}
+    if where:
+        msg["where"] = True
+    return msg
 
 
 def targets_of(msg: Msg) -> dict[str, int]:
@@ -188,15 +193,19 @@ def progress_report(
     state: str = "",
     in_flight_s: float = 0.0,
     telemetry: Mapping[str, Any] | None = None,
+    where: Sequence[str] | None = None,
 ) -> Msg:
     """The reply to `progress` command `query`; `state` is the barrier's (idle, holding, armed,
     parked, suspended): a restarted agent reads it to finish what its predecessor left;
     `in_flight_s`: how long the rank's oldest collective still in flight has been;
-    `telemetry`: hook/telemetry.py's `summary` of its recent steps and collective latencies."""
+    `telemetry`: hook/telemetry.py's `summary` of its recent steps and collective latencies;
+    `where`: one line per thread of the rank (hook/stacks.py), when asked for."""
     msg = {"op": PROGRESS, "query": int(query), "steps": int(steps), "counts": dict(issued),
            "state": str(state), "in_flight_s": float(in_flight_s)}  # fmt: skip
     if telemetry is not None:
         msg["telemetry"] = dict(telemetry)
+    if where is not None:
+        msg["where"] = [str(w) for w in where]
     return msg
 
 
@@ -225,6 +234,7 @@ class Progress:
     step_s: float = 0.0  # the median of its latest optimizer steps' durations (0: unknown)
     steps_window: int = 0  # how many durations that median is of
     timings: dict[str, Timing] = field(default_factory=dict)
+    where: tuple[str, ...] = ()  # where each thread is, when asked for (`progress(where=)`)
 
 
 def query_of(msg: Msg) -> int:
@@ -233,6 +243,18 @@ def query_of(msg: Msg) -> int:
         return int(msg["query"])
     except (KeyError, TypeError, ValueError) as e:
         raise ProtocolError(f"progress needs an integer query number: {e}") from e
+
+
+MAX_WHERE = 32  # threads described; a line is cut at MAX_WHERE_CHARS
+MAX_WHERE_CHARS = 400
+
+
+def _where_of(raw: Any) -> tuple[str, ...]:
+    if raw is None:
+        return ()
+    if not isinstance(raw, list) or not all(isinstance(w, str) for w in raw):
+        raise ProtocolError("progress 'where' must be a list of strings")
+    return tuple(w[:MAX_WHERE_CHARS] for w in raw[:MAX_WHERE])
 
 
 def progress_of(msg: Msg) -> Progress:
@@ -263,6 +285,7 @@ def progress_of(msg: Msg) -> Progress:
             step_s=float(tele.get("step_s", 0.0)),
             steps_window=int(tele.get("steps_window", 0)),
             timings=timings,
+            where=_where_of(msg.get("where")),
         )
     except (KeyError, TypeError, ValueError) as e:
         raise ProtocolError(f"progress needs integer steps and counts: {e}") from e

@@ -15,7 +15,10 @@ from tests.support.cli import ROOT, SnapCli
 
 pytestmark = [pytest.mark.e2e, pytest.mark.timeout(600)]
 EXAMPLE = ROOT / "examples" / "train_dcp_async.py"
-ARGS = ("--steps", "40", "--save-every", "5", "--width", "256", "--step-sleep", "0.1")
+# 80 steps of at least 0.1 s: the freeze must land before the job ends, also when a loaded
+# machine takes seconds to start the CLI (at 40 steps a job once finished first).
+STEPS = 80
+ARGS = ("--steps", str(STEPS), "--save-every", "5", "--width", "256", "--step-sleep", "0.1")
 
 
 def _run(snap: SnapCli, out: Path, name: str) -> str:
@@ -38,7 +41,7 @@ def test_a_checkpointing_job_freezes_thaws_and_keeps_checkpointing(
     snap.wait_step(job, 12)
     snapshot = snap.run("freeze", job, "--stop").stdout.strip().splitlines()[-1]
     assert snap.json("status", job)["state"] == "FROZEN"
-    assert snap.last_step(job) < 40
+    assert snap.last_step(job) < STEPS
     snap.run("thaw", snapshot)
     st = snap.wait(job)
     assert st["state"] == "SUCCEEDED", st
@@ -48,5 +51,5 @@ def test_a_checkpointing_job_freezes_thaws_and_keeps_checkpointing(
     # Both runs saved every 5 steps, the second also after its thaw.
     listed = snap.json("list", "--checkpoints")["checkpoints"]
     names = sorted(c["name"] for c in listed)
-    assert names == [f"{n}-{s:06d}" for n in ("ref", "run") for s in range(5, 41, 5)], names
+    assert names == [f"{n}-{s:06d}" for n in ("ref", "run") for s in range(5, STEPS + 1, 5)], names
     assert all(c["ranks"] == 2 for c in listed)

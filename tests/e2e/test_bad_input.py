@@ -93,6 +93,10 @@ def test_concurrent_freeze_refused_and_quiesce_deadline(snap: SnapCli, tmp_path:
             first.kill()
     assert first.returncode == 6, rest
     assert "did not reach collective barrier" in rest and "left running" in rest
+    # The error says what the ranks were doing instead: in the script's pause, no collective
+    # behind or in flight.
+    assert "its barrier is armed; no group behind the others; threads: " in rest, rest
+    assert "MainThread: train_ddp.py:" in rest and " main" in rest, rest
     assert snap.json("status", job)["state"] == "RUNNING"
     assert snap.json("list")["snapshots"] == []
     assert _store_files(snap.home) == []
