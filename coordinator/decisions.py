@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import enum
 import re
+from collections import Counter
 from collections.abc import Iterable, Mapping, Sequence
 from datetime import UTC, datetime
 
@@ -59,15 +60,18 @@ def place(nnodes: int, requested: Sequence[str], live: Iterable[str]) -> list[st
             "start an agent on each node (`snapshotter agent`), or use the embedded default",
         )
     if requested:
-        unknown = [n for n in requested if n not in alive]
+        live_set = set(alive)
+        unknown = [n for n in requested if n not in live_set]
         if unknown:
             raise errors.InvalidArgument(
-                f"unknown or unreachable node(s) {unknown}", f"live nodes: {alive}"
+                f"{len(unknown)} unknown or unreachable node(s): {errors.few(unknown)}",
+                f"live nodes ({len(alive)}): {errors.few(alive)}",
             )
-        repeated = sorted({n for n in requested if list(requested).count(n) > 1})
+        repeated = sorted(n for n, k in Counter(requested).items() if k > 1)
         if repeated:
             raise errors.InvalidArgument(
-                f"node(s) {repeated} named more than once", "name each node once with --nodes"
+                f"node(s) {errors.few(repeated)} named more than once",
+                "name each node once with --nodes",
             )
         chosen = list(requested)
     else:
@@ -76,7 +80,7 @@ def place(nnodes: int, requested: Sequence[str], live: Iterable[str]) -> list[st
         raise errors.InvalidArgument(
             f"the job needs {nnodes} node(s) but {len(chosen)} "
             + ("were given" if requested else "are live"),
-            f"live nodes: {alive}",
+            f"live nodes ({len(alive)}): {errors.few(alive)}",
         )
     return chosen
 

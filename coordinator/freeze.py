@@ -68,9 +68,9 @@ def _first(failures: dict[str, BaseException]) -> BaseException:
 def lost_text(silent: list[str], ended: list[str]) -> str:
     parts = []
     if silent:
-        parts.append(f"node(s) {', '.join(silent)} do not answer")
+        parts.append(f"node(s) {errors.few(silent)} do not answer")
     if ended:
-        parts.append(f"the ranks on node(s) {', '.join(ended)} ended")
+        parts.append(f"the ranks on node(s) {errors.few(ended)} ended")
     return "; ".join(parts)
 
 
@@ -205,7 +205,7 @@ class FreezeOperation:
                 ) from e
             if self._rejoined:
                 raise self.failed(
-                    f"{cause}; the agent of node(s) {', '.join(self._rejoined)} restarted "
+                    f"{cause}; the agent of node(s) {errors.few(self._rejoined)} restarted "
                     f"meanwhile and took its ranks back: the job trains on, {self.outcome}",
                     f"{self.what} again",
                 ) from e
@@ -279,8 +279,9 @@ class FreezeOperation:
         parked.raise_first()
         missing = {rank: why for r in parked.results.values() for rank, why in r.missing.items()}
         if missing:
-            who = ", ".join(str(k) for k in sorted(missing))
-            detail = "; ".join(missing[k] for k in sorted(missing))
+            who = errors.few(sorted(missing))
+            # What each rank was doing (agent/unparked.py) is long: two of them say enough.
+            detail = errors.few((missing[k] for k in sorted(missing)), limit=2, sep="; ")
             raise errors.QuiesceTimeout(
                 f"rank(s) {who} did not reach collective barrier {targets} within "
                 f"{s.quiesce_timeout:.0f}s ({detail})",

@@ -7,8 +7,22 @@ cause survives. Nothing here does I/O.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from typing import Any
+
+SHOWN = 8  # items an error message names before it says how many more there are
+
+
+def few(items: Iterable[object], limit: int = SHOWN, sep: str = ", ") -> str:
+    """The first `limit` of `items`, joined, then how many more there are: a message about
+    thousands of nodes or ranks must stay readable (and small enough to send)."""
+    shown, more = [], 0
+    for i, item in enumerate(items):
+        if i < limit:
+            shown.append(str(item))
+        else:
+            more += 1
+    return sep.join(shown) + (f"{sep}... and {more} more" if more else "")
 
 
 class SnapshotterError(Exception):

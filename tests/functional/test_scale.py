@@ -10,6 +10,7 @@ from typing import Any
 
 import pytest
 
+from snapshotter import errors
 from snapshotter.coordinator import snapshots
 from tests.support.scale import ScaleRig, rss_mib, table
 
@@ -64,6 +65,31 @@ def test_512_agents_freeze_in_order_commit_and_stay_alive(
         assert not job.busy and job.thawed_from == ids[-1] and job.nodes == list(rig.hosts.names)
         assert rig.coord.status("scale-thawed").state == "RUNNING"
         assert thawed.extra_threads < AGENTS // 8, thawed
+
+        # A hang at scale: the ranks of 100 nodes never park. The freeze fails with an error
+        # a person can read (a few ranks named, two of them described), every node unparks
+        # its ranks once, and the job goes on: the next freeze goes through.
+        assert rig.hosts.stick(rig.hosts.names[:100]) == 100
+        with pytest.raises(errors.QuiesceTimeout) as failed:
+            rig.freeze("scale-thawed")
+        cause = failed.value.cause
+        assert cause.startswith("rank(s) 0, 1, 2, 3, 4, 5, 6, 7, ... and 792 more did not "
+                                "reach collective barrier"), cause[:300]  # fmt: skip
+        assert "rank 0 did not answer 'parked'" in cause and "rank 1 did not answer" in cause
+        assert "rank 2 did not answer" not in cause and "... and 798 more" in cause
+        assert len(str(failed.value)) < 4096, len(str(failed.value))
+        hung = rig.hosts.report()
+        assert not [r["refused"] for r in hung.values() if r["refused"]]
+        assert all(r["calls"].get("abort") == 1 for r in hung.values())
+        assert all(seen == ["prepare", "park", "abort"]
+                   for r in hung.values() for seen in r["ranks"].values())  # fmt: skip
+        assert not rig.coord.job("scale-thawed").busy
+        assert rig.coord.status("scale-thawed").state == "RUNNING"
+        assert rig.hosts.stick([]) == 0
+        again = rig.freeze("scale-thawed")
+        assert again.snapshot_id in {
+            s.snapshot_id for s in snapshots.list_snapshots(rig.store, "scale-thawed").snapshots
+        }
         with capsys.disabled():
             print(f"\n{AGENTS} simulated agents x {NPROC} ranks: started in {rig.start_s:.2f}s, "
                   f"launch {launch_s:.2f}s")  # fmt: skip

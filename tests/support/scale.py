@@ -121,13 +121,16 @@ class ScaleRig:
         self.job_id = st.job_id
         return time.monotonic() - t0
 
-    def freeze(self) -> FreezeTiming:
-        """One freeze-and-continue of the job, timed by phase from its events and spans."""
+    def freeze(self, job_id: str | None = None) -> FreezeTiming:
+        """One freeze-and-continue of the job (or `job_id`), timed by phase from its events
+        and spans."""
         marks: list[tuple[str, float]] = []
         loop_at: dict[str, float] = {}
         t0, c0, l0 = time.monotonic(), time.process_time(), LOOP.cpu_s()
         done: pb.FreezeDone | None = None
-        events: Iterator[pb.FreezeEvent] = self.coord.freeze(pb.FreezeRequest(job_id=self.job_id))
+        events: Iterator[pb.FreezeEvent] = self.coord.freeze(
+            pb.FreezeRequest(job_id=job_id or self.job_id)
+        )
         for ev in events:
             now = time.monotonic()
             if ev.HasField("phase"):

@@ -73,6 +73,14 @@ class SimRank:
         self.phase = _NEXT[phase]
         return None
 
+    def abort(self) -> str | None:
+        """An unpark: taken after prepare or park (the next phase is park or suspend)."""
+        if self.phase not in ("park", "suspend"):
+            return f"rank {self.rank}: abort while it expects {self.phase}"
+        self.seen.append("abort")
+        self.phase = "prepare"
+        return None
+
 
 class SimAgent(agent_pb2_grpc.AgentServicer):
     """One node's agent: `nproc` ranks of at most one job, every phase instant."""
@@ -86,6 +94,8 @@ class SimAgent(agent_pb2_grpc.AgentServicer):
         self.freeze_id = ""
         self.refused: list[str] = []
         self.calls: dict[str, int] = {}
+        # Its ranks never park (a hang): Park reports each missing, as the real agent does.
+        self.stuck = False
         # Relayed calls (snapshotter/rpc/relay.py), checked as the real agent checks them.
         self.trust = relay.Trust(name)
         self.relay_s: list[float] = []  # how long each Relay took to deliver and answer
@@ -173,6 +183,14 @@ class SimAgent(agent_pb2_grpc.AgentServicer):
     async def Park(self, req: agent_pb2.ParkRequest, ctx: Any) -> agent_pb2.ParkReply:
         await self._step(ctx, "park", req.job_id, req.freeze_id)
         seq = req.targets.get("g0", 0)
+        if self.stuck:
+            # What agent/unparked.py makes of a rank waiting for a peer, threads and all.
+            why = (f"did not answer 'parked' within {req.timeout_s:.0f}s; its barrier is "
+                   f"armed; no group behind the others; a collective in flight for 58s; "
+                   "threads: " + " | ".join(f"t{i}: gate.py:{i} wait < train.py:9 step"
+                                             for i in range(12)))  # fmt: skip
+            return agent_pb2.ParkReply(missing={r.rank: f"rank {r.rank} {why}"
+                                                for r in self.ranks})  # fmt: skip
         return agent_pb2.ParkReply(parked={r.rank: agent_pb2.ParkPoint(group="g0", seq=seq)
                                            for r in self.ranks})  # fmt: skip
 
@@ -209,8 +227,21 @@ class SimAgent(agent_pb2_grpc.AgentServicer):
         return agent_pb2.KeepFreezeReply(known=req.freeze_id == self.freeze_id)
 
     async def Abort(self, req: agent_pb2.FreezeRef, ctx: Any) -> agent_pb2.AbortReply:
+        """Every rank unparked (only a freeze that failed does this: the ranks' histories
+        show it)."""
         self._count("abort")
-        self.refused.append(f"{self.name}: aborted")
+        why = None
+        if self.job is None or req.job_id != self.job.spec.job_id:
+            why = f"{self.name}: abort of unknown job {req.job_id}"
+        elif req.freeze_id != self.freeze_id:
+            why = f"{self.name}: abort of freeze {req.freeze_id}, not {self.freeze_id}"
+        for r in self.ranks if why is None else ():
+            why = r.abort()
+            if why:
+                break
+        if why:
+            self.refused.append(why)
+            await ctx.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
         return agent_pb2.AbortReply()
 
     async def DiscardUpload(self, req: agent_pb2.FreezeRef, ctx: Any) -> common_pb2.Empty:
@@ -398,6 +429,11 @@ async def _host(plan: HostPlan) -> None:
                            "beats": beats[a.name], "beat_failures": failed[a.name],
                            "relay_s": list(a.relay_s)}
                   for a in agents})  # fmt: skip
+        elif cmd.startswith("stick"):
+            stuck = set(cmd.split()[1].split(",")) if len(cmd.split()) > 1 else set()
+            for a in agents:
+                a.stuck = a.name in stuck
+            _say({"stuck": sum(a.stuck for a in agents)})
         elif cmd in ("stop", ""):
             break
     for t in tasks:
@@ -462,6 +498,15 @@ class SimHosts:
                 r["ranks"] = {int(k): v for k, v in r["ranks"].items()}
                 out[name] = r
         return out
+
+    def stick(self, names: Sequence[str]) -> int:
+        """Make the agents `names` hang (their ranks never park), and every other agent
+        well again; how many are stuck."""
+        for p in self.procs:
+            assert p.stdin is not None
+            p.stdin.write(f"stick {','.join(names)}\n")
+            p.stdin.flush()
+        return sum(int(self._read(p, 60)["stuck"]) for p in self.procs)
 
     def pids(self) -> Sequence[int]:
         return [p.pid for p in self.procs]

@@ -10,6 +10,7 @@ from snapshotter.coordinator.decisions import (
     exit_code,
     job_phase,
     pick_targets,
+    place,
     snapshot_id,
     supervised_phase,
     thaw_job_id,
@@ -121,3 +122,41 @@ def test_agents_are_asked_to_beat_less_often_as_they_grow_and_live_longer_for_it
     assert beat_interval(2048, 0) == 0.0  # no bound
     assert lost_after(15.0, 2.0) == 15.0  # the configured ttl while intervals are short
     assert lost_after(15.0, 32.0) == LOST_AFTER_BEATS * 32.0  # never before 3 missed beats
+
+
+LIVE = [f"n{i:05d}" for i in range(2048)]
+
+
+def test_place_takes_the_nodes_asked_for_in_order_or_the_first_live_ones() -> None:
+    assert place(2, ["n00007", "n00003"], LIVE) == ["n00007", "n00003"]
+    assert place(3, [], reversed(LIVE)) == ["n00000", "n00001", "n00002"]
+    # A job of 16,384 nodes named one by one (the check of repeats is one pass).
+    many = [f"m{i:05d}" for i in range(16384)]
+    assert place(len(many), many, many) == many
+
+
+def test_place_names_a_few_unknown_nodes_and_how_many_more() -> None:
+    asked = [f"gone{i}" for i in range(1000)] + ["n00001"]
+    with pytest.raises(errors.InvalidArgument) as e:
+        place(len(asked), asked, LIVE)
+    assert e.value.cause == (
+        "1000 unknown or unreachable node(s): gone0, gone1, gone2, gone3, gone4, gone5, gone6, "
+        "gone7, ... and 992 more"
+    )
+    assert e.value.next_step.startswith("live nodes (2048): n00000, n00001, ")
+    assert e.value.next_step.endswith(", ... and 2040 more")
+
+
+def test_place_refuses_a_node_named_twice_and_too_few_nodes() -> None:
+    with pytest.raises(errors.InvalidArgument, match=r"node\(s\) n00001 named more than once"):
+        place(3, ["n00001", "n00002", "n00001"], LIVE)
+    with pytest.raises(errors.InvalidArgument, match="needs 3 node.*2 were given"):
+        place(3, ["n00001", "n00002"], LIVE)
+    with pytest.raises(errors.ServiceUnavailable, match="no node agent"):
+        place(1, [], [])
+
+
+def test_few_shows_at_most_its_limit_and_counts_the_rest() -> None:
+    assert errors.few([]) == ""
+    assert errors.few([1, 2, 3], limit=3) == "1, 2, 3"
+    assert errors.few(iter(range(5)), limit=2, sep="; ") == "0; 1; ... and 3 more"

@@ -60,3 +60,9 @@ def test_lost_text_names_silent_and_ended_nodes() -> None:
         "node(s) b do not answer; the ranks on node(s) a, c ended"
     )
     assert lost_text([], []) == ""
+    # A switch that takes a rack down: a few names, then how many more.
+    rack = [f"n{i:04d}" for i in range(300)]
+    assert lost_text(rack, []) == (
+        "node(s) n0000, n0001, n0002, n0003, n0004, n0005, n0006, n0007, ... and 292 more "
+        "do not answer"
+    )
