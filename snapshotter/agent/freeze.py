@@ -204,13 +204,28 @@ class Freezes:
                     reply.parked[r.rank].seq = int(at.get("seq", 0))
                 except errors.SnapshotterError as e:
                     reply.missing[r.rank] = e.cause
-            for r in job.ranks:
-                if r.rank in reply.missing:
-                    seen = r.channel.progress(WHERE_WAIT_S, where=True)
-                    reply.missing[r.rank] = unparked(reply.missing[r.rank], targets, seen)
+            self._describe_unparked(job, targets, reply)
             if not reply.missing:
                 fr.phase = P.PARKED
             return reply
+
+    @staticmethod
+    def _describe_unparked(job: NodeJob, targets: dict[str, int],
+                           reply: agent_pb2.ParkReply) -> None:  # fmt: skip
+        """Say what each rank that did not park was doing: all asked at once, then answers
+        awaited under one short deadline (the park's reply must not miss its own)."""
+        asked: dict[int, tuple[RankRuntime, int | None]] = {}
+        for r in job.ranks:
+            if r.rank in reply.missing:
+                try:
+                    asked[r.rank] = (r, r.channel.ask_progress(where=True))
+                except errors.SnapshotterError:
+                    asked[r.rank] = (r, None)  # its channel is closed: it has ended
+        deadline = time.monotonic() + WHERE_WAIT_S
+        for rank, (r, query) in asked.items():
+            seen = None if query is None else r.channel.progress_reply(
+                query, max(0.0, deadline - time.monotonic()))  # fmt: skip
+            reply.missing[rank] = unparked(reply.missing[rank], targets, seen)
 
     def suspend(self, job_id: str, freeze_id: str, timeout: float) -> None:
         job = self.jobs.get(job_id)

@@ -159,3 +159,17 @@ def test_first_child_is_the_oldest(tmp_path: Path) -> None:
     assert first_child(20, tmp_path) == 21
     assert first_child(30, tmp_path) is None
     assert first_child(40, tmp_path) is None
+
+
+def test_a_query_for_where_the_threads_are_carries_their_lines_back(
+    pair: tuple[RankChannel, RankEnd],
+) -> None:
+    ch, rank = pair
+    q = ch.ask_progress(where=True)
+    (cmd,) = rank.commands()
+    assert cmd == {"op": "progress", "query": q, "where": True}
+    rank.reply(protocol.progress_report(q, 5, {"0": 10}, "armed",
+                                        where=["MainThread: train.py:9 main"]))  # fmt: skip
+    seen = ch.progress_reply(q, 5)
+    assert seen is not None and seen.where == ("MainThread: train.py:9 main",)
+    assert seen.state == "armed"
