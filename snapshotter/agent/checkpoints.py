@@ -57,6 +57,7 @@ class CheckpointSpool:
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
         self._keys: dict[str, Seal] = {}  # job -> its tenant's data key (memory only)
+        self._held_at: dict[str, float] = {}  # job -> when its key was handed (monotonic)
         # Weight push's ops go to it (agent/weights.py); None: refused.
         self.weights: WeightsHub | None = None
         self._lock = threading.Lock()
@@ -67,8 +68,10 @@ class CheckpointSpool:
         with self._lock:
             if seal is None:
                 self._keys.pop(job_id, None)
+                self._held_at.pop(job_id, None)
             else:
                 self._keys[job_id] = seal
+                self._held_at[job_id] = time.monotonic()
 
     def key_for(self, job: NodeJob) -> Seal | None:
         """What the job's checkpoints are sealed with here; None: plaintext.
@@ -111,13 +114,23 @@ class CheckpointSpool:
         self._pool.shutdown(wait=False, cancel_futures=True)
         shutil.rmtree(self.fetch_root, ignore_errors=True)
 
-    def prune(self) -> None:
-        """Remove the spool directories of jobs that no longer run here (housekeeping): a
-        thawed job's ranks make theirs again."""
-        live = set(self._jobs.running_ids())
+    def prune(self, now: float | None = None) -> None:
+        """Remove the spool directories and data keys of jobs that no longer run here
+        (housekeeping): a thawed job's ranks make theirs again, and its restore hands the key
+        again.
+
+        A key is handed before its job is in the job table (a launch or a restore takes
+        seconds: CRIU restores the ranks first), so a key is kept while its job is being
+        launched or restored, and for _PRUNE_AFTER_S after it was handed whatever the table
+        says: a job thawed onto this node lost its key to this prune once (its first save
+        after the thaw then failed the job)."""
+        live = set(self._jobs.running_ids()) | set(self._jobs.launching_ids())
+        now = time.monotonic() if now is None else now
         with self._lock:
             for job_id in set(self._keys) - live:
-                del self._keys[job_id]
+                if now - self._held_at.get(job_id, 0.0) > _PRUNE_AFTER_S:
+                    del self._keys[job_id]
+                    self._held_at.pop(job_id, None)
         try:
             names = os.listdir(self.root)
         except FileNotFoundError:

@@ -369,6 +369,11 @@ class JobTable:
     def running_ids(self) -> list[str]:
         return [j.spec.job_id for j in self.all() if not j.state.terminal]
 
+    def launching_ids(self) -> list[str]:
+        """Jobs being launched or restored here (between `begin_launch` and `end_launch`)."""
+        with self._lock:
+            return list(self._launching)
+
     def forget_finished(self, keep: int, max_age_s: float) -> list[str]:
         """Forget old finished jobs (agent/retention.py); return their ids."""
         wall = time.time()

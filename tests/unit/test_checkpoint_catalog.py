@@ -5,12 +5,18 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 
 from snapshotter.agent.checkpoints import _claimable
 from snapshotter.checkpoint import catalog, spool
-from snapshotter.errors import CheckpointNotFound, InvalidArgument, StorageUnavailable
+from snapshotter.errors import (
+    CheckpointNotFound,
+    InvalidArgument,
+    KeyUnavailable,
+    StorageUnavailable,
+)
 from snapshotter.storage import LocalDirStore
 from snapshotter.storage.prefixed import PrefixedStore
 
@@ -148,3 +154,30 @@ def test_a_fetch_names_a_stream() -> None:
     assert spool.parse_request(r.to_json()) == r
     with pytest.raises(InvalidArgument, match="unknown stream"):
         spool.parse_request(r.to_json().replace(b'"data"', b'"../etc"'))
+
+
+def test_housekeeping_keeps_the_key_of_a_job_being_restored(tmp_path: Path) -> None:
+    """A restore hands the key before CRIU restores the ranks (seconds): a prune meanwhile
+    must not drop it, or the thawed job's first save fails it (seen under load)."""
+    import time
+
+    from snapshotter.agent.checkpoints import _PRUNE_AFTER_S, CheckpointSpool
+    from snapshotter.agent.runtime import JobTable
+    from snapshotter.storage.sealing import Seal
+
+    jobs = JobTable("n0")
+    spool_ = CheckpointSpool(tmp_path / "spool", LocalDirStore(tmp_path / "s"), "file:///s",
+                             jobs, "inc1")  # fmt: skip
+    sealed = SimpleNamespace(spec=SimpleNamespace(job_id="j", sealed=True))
+    key = Seal("acme", "0123456789abcdef", bytes(32))
+    spool_.hold_key("j", key)
+    jobs.begin_launch("j")  # the restore reserved the id; the ranks are not in the table yet
+    later = time.monotonic() + 10 * _PRUNE_AFTER_S
+    spool_.prune(now=later)
+    assert spool_.key_for(sealed) is key  # type: ignore[arg-type]
+    jobs.end_launch("j", None)  # the restore failed: nothing runs here under that id
+    spool_.prune()  # just handed: kept for a while whatever the table says
+    assert spool_.key_for(sealed) is key  # type: ignore[arg-type]
+    spool_.prune(now=later)  # long after, with no such job here: dropped
+    with pytest.raises(KeyUnavailable):
+        spool_.key_for(sealed)  # type: ignore[arg-type]
