@@ -265,6 +265,7 @@ class Hook:
             self._teardown()  # back to a clean "suspended", so another resume can be tried
             raise
         self.barrier.release(freeze)
+        os.environ[protocol.RESUMED_ENV] = str(epoch)
         self.send(protocol.done(protocol.RESUME, freeze))
 
     # ---- teardown / rebuild --------------------------------------------------------------

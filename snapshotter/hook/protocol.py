@@ -61,6 +61,9 @@ REPLY_TO = {
     PROGRESS: "progress",
 }
 ERROR = "error"
+# Set in the rank's environment at each resume, to the resume's epoch: what registered with
+# the node agent (a weights subscription) registers again, with the agent it runs under now.
+RESUMED_ENV = "SNAPSHOTTER_RESUMED"
 
 
 class ProtocolError(ValueError):

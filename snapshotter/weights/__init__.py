@@ -44,6 +44,7 @@ import torch
 from snapshotter import errors
 from snapshotter.checkpoint import spool
 from snapshotter.checkpoint.staging import Stager
+from snapshotter.hook.protocol import RESUMED_ENV
 from snapshotter.weights.index import DTYPES, Entry, check_channel, parse_index
 
 log = logging.getLogger(__name__)
@@ -240,6 +241,7 @@ class Subscription:
         poll_s: float = 0.05,
     ) -> None:
         self.channel = _channel(channel)
+        self._resumed = os.environ.get(RESUMED_ENV, "")
         answer = _submit(_agent_request("subscribe", self.channel), timeout=60)
         self.dir = Path(str(answer["dir"]))
         self.version: int | None = None  # the version update() last applied
@@ -257,7 +259,22 @@ class Subscription:
         cur = self._current()
         return int(cur["version"]) if cur else None
 
+    def _follow_again(self) -> None:
+        """After a thaw the rank runs under an agent that does not follow the channel for it
+        (another node's, or this node's, which stopped when the job stopped for the freeze):
+        subscribe again, once per resume. A failure is logged and tried at the next look."""
+        resumed = os.environ.get(RESUMED_ENV, "")
+        if resumed == self._resumed:
+            return
+        try:
+            answer = _submit(_agent_request("subscribe", self.channel), timeout=60)
+        except errors.SnapshotterError as e:
+            log.warning("could not follow %r again after a resume: %s", self.channel, e)
+            return
+        self.dir, self._resumed = Path(str(answer["dir"])), resumed
+
     def _current(self) -> dict[str, Any] | None:
+        self._follow_again()
         try:
             cur = json.loads((self.dir / "current").read_bytes())
         except (FileNotFoundError, ValueError):
