@@ -18,6 +18,7 @@ import pytest
 
 from snapshotter import errors
 from snapshotter.v1 import coordinator_pb2 as pb
+from tests.conftest import skip_without_criu
 from tests.support.agents import Cluster
 
 pytestmark = pytest.mark.timeout(420)
@@ -138,3 +139,34 @@ def test_a_dead_tree_parent_falls_back_to_the_publisher(cluster: Cluster, tmp_pa
     assert "no newer weights on 'policy'" in cluster.log(other)
     assert not (tmp_path / "other.json").read_text().count("rollouts")
     cluster.wait(tr)
+
+
+def test_a_replica_thawed_on_another_node_follows_the_channel_there(
+    cluster: Cluster, tmp_path: Path
+) -> None:
+    """A replica frozen (--stop) on n1 and thawed onto n2 subscribes again after its resume:
+    n2's agent follows the channel for it, and the versions the trainer publishes after the
+    thaw reach it (n1's agent stopped following when the job stopped there)."""
+    skip_without_criu()
+    rollouts = str(tmp_path / "rollouts")
+    common = ("--rollouts", rollouts)
+    r1 = cluster.run("replica-1", "n1", "--role", "replica", "--name", "r1", "--gen-s", "0.1",
+                     *common)  # fmt: skip
+    tr = cluster.run("trainer", "n0", "--role", "trainer", "--versions", "30", *common)
+    deadline = time.monotonic() + 120
+    while cluster.agents["n1"].weights.pulled < 3:
+        assert time.monotonic() < deadline, cluster.log(r1)
+        time.sleep(0.1)
+    # The trainer waits for rollouts meanwhile (its only replica is frozen).
+    events = list(cluster.coord.freeze(pb.FreezeRequest(job_id=r1, stop=True)))
+    done = [e.done for e in events if e.HasField("done")]
+    assert done and done[0].stopped, events[-3:]
+    assert cluster.agents["n2"].weights.pulled == 0
+    thawed = list(cluster.coord.thaw(pb.ThawRequest(snapshot_id=done[0].snapshot_id,
+                                                    nodes=["n2"])))  # fmt: skip
+    assert any(e.HasField("done") for e in thawed), thawed[-3:]
+    trainer = cluster.wait(tr)
+    one = cluster.wait(r1)
+    seen = _check_rollouts(one, trainer)
+    assert seen[-1] >= 28, seen  # it followed to the end, through n2's agent
+    assert cluster.agents["n2"].weights.pulled >= 3
