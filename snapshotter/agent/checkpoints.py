@@ -56,8 +56,8 @@ class CheckpointSpool:
         self._pool = ThreadPoolExecutor(workers, thread_name_prefix="ckpt-upload")
         self._stop = threading.Event()
         self._thread: threading.Thread | None = None
-        self._keys: dict[str, Seal] = {}  # job -> its tenant's data key (memory only)
-        self._held_at: dict[str, float] = {}  # job -> when its key was handed (monotonic)
+        # job -> its tenant's data key (memory only) and when it was handed (monotonic)
+        self._keys: dict[str, tuple[Seal, float]] = {}
         # Weight push's ops go to it (agent/weights.py); None: refused.
         self.weights: WeightsHub | None = None
         self._lock = threading.Lock()
@@ -68,10 +68,8 @@ class CheckpointSpool:
         with self._lock:
             if seal is None:
                 self._keys.pop(job_id, None)
-                self._held_at.pop(job_id, None)
             else:
-                self._keys[job_id] = seal
-                self._held_at[job_id] = time.monotonic()
+                self._keys[job_id] = (seal, time.monotonic())
 
     def key_for(self, job: NodeJob) -> Seal | None:
         """What the job's checkpoints are sealed with here; None: plaintext.
@@ -80,7 +78,7 @@ class CheckpointSpool:
             KeyUnavailable: the job is sealed but this agent holds no key for it.
         """
         with self._lock:
-            seal = self._keys.get(job.spec.job_id)
+            seal, _ = self._keys.get(job.spec.job_id, (None, 0.0))
         if job.spec.sealed and seal is None:
             raise KeyUnavailable(
                 f"job {job.spec.job_id} is sealed at rest, and this node agent holds no data key "
@@ -128,9 +126,8 @@ class CheckpointSpool:
         now = time.monotonic() if now is None else now
         with self._lock:
             for job_id in set(self._keys) - live:
-                if now - self._held_at.get(job_id, 0.0) > _PRUNE_AFTER_S:
+                if now - self._keys[job_id][1] > _PRUNE_AFTER_S:
                     del self._keys[job_id]
-                    self._held_at.pop(job_id, None)
         try:
             names = os.listdir(self.root)
         except FileNotFoundError:

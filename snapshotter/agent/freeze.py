@@ -24,6 +24,7 @@ from snapshotter.agent import handoff
 from snapshotter.agent.local_copy import LocalCopies
 from snapshotter.agent.progress import HOLD_S as PROGRESS_HOLD_S
 from snapshotter.agent.progress import rank_state
+from snapshotter.agent.rankctl import progress_all
 from snapshotter.agent.runtime import JobTable, NodeJob, NodeJobState, RankRuntime
 from snapshotter.agent.unparked import WHERE_WAIT_S, unparked
 from snapshotter.config import Paths, upload_nice
@@ -214,18 +215,10 @@ class Freezes:
                            reply: agent_pb2.ParkReply) -> None:  # fmt: skip
         """Say what each rank that did not park was doing: all asked at once, then answers
         awaited under one short deadline (the park's reply must not miss its own)."""
-        asked: dict[int, tuple[RankRuntime, int | None]] = {}
-        for r in job.ranks:
-            if r.rank in reply.missing:
-                try:
-                    asked[r.rank] = (r, r.channel.ask_progress(where=True))
-                except errors.SnapshotterError:
-                    asked[r.rank] = (r, None)  # its channel is closed: it has ended
-        deadline = time.monotonic() + WHERE_WAIT_S
-        for rank, (r, query) in asked.items():
-            seen = None if query is None else r.channel.progress_reply(
-                query, max(0.0, deadline - time.monotonic()))  # fmt: skip
-            reply.missing[rank] = unparked(reply.missing[rank], targets, seen)
+        seen = progress_all({r.rank: r.channel for r in job.ranks if r.rank in reply.missing},
+                            WHERE_WAIT_S, where=True)  # fmt: skip
+        for rank, why in list(reply.missing.items()):
+            reply.missing[rank] = unparked(why, targets, seen.get(rank))
 
     def suspend(self, job_id: str, freeze_id: str, timeout: float) -> None:
         job = self.jobs.get(job_id)

@@ -21,8 +21,8 @@ import time
 
 from snapshotter import errors
 from snapshotter.agent import peers as connections
+from snapshotter.agent.rankctl import progress_all
 from snapshotter.agent.runtime import NodeJob, RankRuntime
-from snapshotter.hook import protocol
 from snapshotter.procutil import first_child, proc_state
 from snapshotter.v1 import common_pb2
 
@@ -70,19 +70,8 @@ def sample(job: NodeJob, timeout: float = TIMEOUT_S, peers: bool = False,
         reply.ranks.extend(_unanswered(r) for r in sorted(job.ranks, key=lambda r: r.rank))
         return reply
     try:
-        asked: dict[int, int] = {}
-        for r in job.alive_ranks():
-            try:
-                asked[r.rank] = r.channel.ask_progress()
-            except errors.SnapshotterError:
-                pass  # its channel closed: the rank is ending; reported unanswered
-        deadline = time.monotonic() + timeout
-        answers: dict[int, protocol.Progress] = {}
-        for r in job.ranks:
-            if r.rank in asked:
-                got = r.channel.progress_reply(asked[r.rank], max(0.0, deadline - time.monotonic()))
-                if got is not None:
-                    answers[r.rank] = got
+        # A rank whose channel closed (it is ending) is reported unanswered.
+        answers = progress_all({r.rank: r.channel for r in job.alive_ranks()}, timeout)
     finally:
         job.op_lock.release()
     for r in sorted(job.ranks, key=lambda r: r.rank):

@@ -16,6 +16,7 @@ import os
 import queue
 import threading
 import time
+from collections.abc import Mapping
 
 from snapshotter import errors
 from snapshotter.hook import protocol
@@ -166,11 +167,10 @@ class RankChannel:
             except protocol.ProtocolError:
                 return None  # answered, but with nothing a reader can use
 
-    def progress(self, timeout: float, where: bool = False) -> protocol.Progress | None:
-        """Ask for the rank's progress (`where`: with where its threads are) and wait up to
-        `timeout` for it (None: no answer)."""
+    def progress(self, timeout: float) -> protocol.Progress | None:
+        """Ask for the rank's progress and wait up to `timeout` for it (None: no answer)."""
         try:
-            query = self.ask_progress(where)
+            query = self.ask_progress()
         except errors.SnapshotterError:
             return None
         return self.progress_reply(query, timeout)
@@ -203,6 +203,25 @@ class RankChannel:
     @property
     def reader_alive(self) -> bool:
         return self._reader.is_alive()
+
+
+def progress_all(channels: Mapping[int, RankChannel], timeout: float,
+                 where: bool = False) -> dict[int, protocol.Progress]:  # fmt: skip
+    """Ask every rank at once (`where`: with where its threads are), then take the answers
+    that came within one `timeout`, by rank; a rank whose channel is closed has none."""
+    asked: dict[int, int] = {}
+    for rank, ch in channels.items():
+        try:
+            asked[rank] = ch.ask_progress(where)
+        except errors.SnapshotterError:
+            pass  # its channel closed: the rank is ending
+    deadline = time.monotonic() + timeout
+    answers: dict[int, protocol.Progress] = {}
+    for rank, query in asked.items():
+        got = channels[rank].progress_reply(query, max(0.0, deadline - time.monotonic()))
+        if got is not None:
+            answers[rank] = got
+    return answers
 
 
 def _query(msg: Msg) -> int | None:

@@ -242,8 +242,7 @@ class Subscription:
     ) -> None:
         self.channel = _channel(channel)
         self._resumed = os.environ.get(RESUMED_ENV, "")
-        answer = _submit(_agent_request("subscribe", self.channel), timeout=60)
-        self.dir = Path(str(answer["dir"]))
+        self.dir = self._subscribe()
         self.version: int | None = None  # the version update() last applied
         self.lineage: str | None = None
         self._applied: dict[str, str] = {}  # name -> digest of what is in the target now
@@ -267,11 +266,16 @@ class Subscription:
         if resumed == self._resumed:
             return
         try:
-            answer = _submit(_agent_request("subscribe", self.channel), timeout=60)
+            self.dir = self._subscribe()
         except errors.SnapshotterError as e:
             log.warning("could not follow %r again after a resume: %s", self.channel, e)
             return
-        self.dir, self._resumed = Path(str(answer["dir"])), resumed
+        self._resumed = resumed
+
+    def _subscribe(self) -> Path:
+        """Have this node's agent follow the channel; the directory it keeps versions in."""
+        answer = _submit(_agent_request("subscribe", self.channel), timeout=60)
+        return Path(str(answer["dir"]))
 
     def _current(self) -> dict[str, Any] | None:
         self._follow_again()

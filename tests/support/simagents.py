@@ -107,6 +107,8 @@ class SimAgent(agent_pb2_grpc.AgentServicer):
         self.calls[method] = self.calls.get(method, 0) + 1
 
     async def _step(self, ctx: Any, phase: str, job_id: str, freeze_id: str) -> None:
+        """`phase` of this node's job and current freeze on every rank (an abort: each rank
+        unparked); refused and recorded when out of order."""
         self._count(phase)
         why = None
         if self.job is None or job_id != self.job.spec.job_id:
@@ -116,7 +118,7 @@ class SimAgent(agent_pb2_grpc.AgentServicer):
         elif freeze_id != self.freeze_id:
             why = f"{self.name}: {phase} of freeze {freeze_id}, not {self.freeze_id}"
         for r in self.ranks if why is None else ():
-            why = r.step(phase)
+            why = r.abort() if phase == "abort" else r.step(phase)
             if why:
                 break
         if why:
@@ -229,19 +231,7 @@ class SimAgent(agent_pb2_grpc.AgentServicer):
     async def Abort(self, req: agent_pb2.FreezeRef, ctx: Any) -> agent_pb2.AbortReply:
         """Every rank unparked (only a freeze that failed does this: the ranks' histories
         show it)."""
-        self._count("abort")
-        why = None
-        if self.job is None or req.job_id != self.job.spec.job_id:
-            why = f"{self.name}: abort of unknown job {req.job_id}"
-        elif req.freeze_id != self.freeze_id:
-            why = f"{self.name}: abort of freeze {req.freeze_id}, not {self.freeze_id}"
-        for r in self.ranks if why is None else ():
-            why = r.abort()
-            if why:
-                break
-        if why:
-            self.refused.append(why)
-            await ctx.abort(grpc.StatusCode.FAILED_PRECONDITION, why)
+        await self._step(ctx, "abort", req.job_id, req.freeze_id)
         return agent_pb2.AbortReply()
 
     async def DiscardUpload(self, req: agent_pb2.FreezeRef, ctx: Any) -> common_pb2.Empty:
@@ -430,7 +420,7 @@ async def _host(plan: HostPlan) -> None:
                            "relay_s": list(a.relay_s)}
                   for a in agents})  # fmt: skip
         elif cmd.startswith("stick"):
-            stuck = set(cmd.split()[1].split(",")) if len(cmd.split()) > 1 else set()
+            stuck = set(cmd.partition(" ")[2].split(","))
             for a in agents:
                 a.stuck = a.name in stuck
             _say({"stuck": sum(a.stuck for a in agents)})
