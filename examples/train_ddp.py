@@ -133,13 +133,17 @@ def main() -> None:
                     help="torch.save by rank 0, or torch.distributed.checkpoint.async_save "
                          "by every rank into --ckpt as a directory")  # fmt: skip
     ap.add_argument("--startup-s", type=float, default=0.0)
+    ap.add_argument("--startup-rank", type=int, default=-1,
+                    help="only this rank waits --startup-s before joining (default: every rank)")
     ap.add_argument("--stamp", action="store_true")
     ap.add_argument("--crash-at", type=int, default=-1)
     ap.add_argument("--crash-rank", type=int, default=0)
     a = ap.parse_args()
 
-    if a.startup_s:
+    me = int(os.environ.get("RANK", "0"))
+    if a.startup_s and a.startup_rank in (-1, me):
         time.sleep(a.startup_s)
+    print(f"rank {me} joins the process group", flush=True)
     dist.init_process_group("gloo")
     rank, world = dist.get_rank(), dist.get_world_size()
     torch.manual_seed(42 + rank)  # dropout differs per rank, deterministically

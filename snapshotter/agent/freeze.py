@@ -109,6 +109,9 @@ class Freeze:
 
 
 _SEEDS_KEPT = 64
+# How long a refused prepare waits for this node's other ranks to let go of their hold: they
+# answer from their control thread at once; one that does not lets go at its hold's deadline.
+PREPARE_RELEASE_S = 5.0
 
 
 def _raw_total(fr: Freeze) -> int:
@@ -173,7 +176,16 @@ class Freezes:
                 self.parallelism,
             )
         except BaseException:
-            job.op_lock.release()
+            # The ranks that did prepare hold every new collective (and every process group
+            # being set up) until an abort or their hold's deadline: the coordinator aborts
+            # only the nodes whose Prepare succeeded, so release this node's here. Without it
+            # a rank refusing (it was in init_process_group) while its peer held made the
+            # peer's own init wait out the hold, and a policy retrying every 5 s renewed it:
+            # a job took 2 minutes to start.
+            try:
+                self._tell_abort(job, freeze_id, PREPARE_RELEASE_S)
+            finally:
+                job.op_lock.release()
             raise
         with self._lock:
             self._freezes[freeze_id] = Freeze(
@@ -237,6 +249,14 @@ class Freezes:
         abort when it runs again), so that the freeze fails at once and hang detection,
         which names that rank, looks again."""
         job = self.jobs.get(job_id)
+        reply = self._tell_abort(job, freeze_id, timeout)
+        self._end(job, freeze_id)
+        return reply
+
+    @staticmethod
+    def _tell_abort(job: NodeJob, freeze_id: str, timeout: float) -> agent_pb2.AbortReply:
+        """Tell every live rank to let go of `freeze_id` and await their answers under one
+        deadline; the ranks that did not answer, with why."""
         reply = agent_pb2.AbortReply()
         told = []
         for r in job.alive_ranks():
@@ -256,7 +276,6 @@ class Freezes:
                                  max(0.0, deadline - time.monotonic()))  # fmt: skip
             except errors.SnapshotterError as e:
                 reply.failed[r.rank] = e.cause
-        self._end(job, freeze_id)
         return reply
 
     def dump(

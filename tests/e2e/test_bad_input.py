@@ -293,3 +293,37 @@ def test_freeze_right_at_launch_never_breaks_the_job(snap: SnapCli, tmp_path: Pa
     ref = tmp_path / "ref.json"
     assert snap.wait(snap.start_job(ref, *ARGS))["state"] == "SUCCEEDED"
     assert read_result(out) == read_result(ref)
+
+
+def test_a_freeze_refused_during_set_up_leaves_no_rank_held(
+    make_snap: Callable[..., SnapCli], tmp_path: Path
+) -> None:
+    """Rank 0 waits in init_process_group for rank 1, which joins 20 s late: a freeze then is
+    refused by rank 0, and rank 1, which prepared, must let go at once. Held, rank 1's own
+    init_process_group would wait for the hold's deadline (here 10 minutes: the job would not
+    finish within the wait below)."""
+    snap = make_snap({"SNAPSHOTTER_HOLD_S": "600"})
+    out = tmp_path / "o.json"
+    job = snap.start_job(out, *ARGS, "--startup-s", "20", "--startup-rank", "1")
+    deadline = time.monotonic() + 60
+    while "rank 0 joins the process group" not in _log(snap, job, 0):
+        assert time.monotonic() < deadline, _log(snap, job, 0)
+        time.sleep(0.2)
+    time.sleep(2)  # connected to the job's store: now in the gloo set-up, waiting for rank 1
+    p = snap.run("freeze", job, "--quiesce-timeout", "20", check=False)
+    assert p.returncode != 0, p.stdout
+    assert "setting up a process group" in p.stderr and "next step:" in p.stderr, p.stderr
+    # Rank 1 was still asleep before joining: the refusal came before it joined.
+    assert "rank 1 joins the process group" not in _log(snap, job, 1)
+    final = snap.wait(job, timeout=240)
+    assert final["state"] == "SUCCEEDED", (final, _log(snap, job, 1)[-2000:])
+    ref = tmp_path / "ref.json"
+    assert snap.wait(snap.start_job(ref, *ARGS))["state"] == "SUCCEEDED"
+    assert read_result(out) == read_result(ref)
+
+
+def _log(snap: SnapCli, job: str, rank: int) -> str:
+    try:
+        return snap.log_path(job, rank).read_text(errors="replace")
+    except OSError:
+        return ""

@@ -113,7 +113,8 @@ def test_policy_snapshots_retention_and_recovery_of_a_killed_rank(
     cli: SnapCli, reference: str, tmp_path: Path
 ) -> None:
     out = tmp_path / "out.json"
-    job = _run(cli, out, "--snapshot-every", "5s", "--keep", "2", "--recover", "auto")
+    job = _run(cli, out, "--snapshot-every", "5s", "--keep", "2", "--recover", "auto",
+               train=("--step-sleep", "0.25"))  # fmt: skip
     st = cli.json("status", job)
     assert st["policy"]["every_s"] == 5.0 and st["policy"]["keep"] == 2
     assert st["recovery"]["mode"] == "auto"
@@ -131,6 +132,15 @@ def test_policy_snapshots_retention_and_recovery_of_a_killed_rank(
     shown = cli.json("policy", "show", job)
     assert shown["interval_s"] == 5.0 and "every 5s" in shown["describe"]
 
+    # The kill must find the job running: three snapshots may take long on a loaded node
+    # (each stalls the job and its upload slows it), so this job steps slower than the others
+    # (the digest does not depend on the pace).
+    step = cli.last_step(job)
+    state = cli.json("status", job)["state"]
+    assert state in ("RUNNING", "FREEZING") and step < int(STEPS), (
+        f"the job is {state} at step {step} after three policy snapshots: "
+        f"{[(e['kind'], e.get('detail', '')) for e in _events(cli, job)]}"
+    )  # fmt: skip
     killed_at = time.time()
     os.kill(_rank(cli, job, 1), signal.SIGKILL)
     recovered = _until("the recovery", lambda: [e for e in _events(cli, job)
@@ -152,7 +162,8 @@ def test_policy_snapshots_retention_and_recovery_of_a_killed_rank(
                        r"resume \d+\.\ds\)", recovered[0]["detail"])  # fmt: skip
     assert phases, recovered[0]
     assert final["recoveries"] == 1
-    print(f"\n[resilience] kill -9 detected after {failure['time'] - killed_at:.2f}s, "
+    print(f"\n[resilience] killed at step {step} after three policy snapshots; kill -9 "
+          f"detected after {failure['time'] - killed_at:.2f}s, "
           f"recovered in {recovered[0]['took_s']:.2f}s ({phases.group(0)}), steps lost "
           f"{recovered[0].get('steps_lost')}")  # fmt: skip
 
