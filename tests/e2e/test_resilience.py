@@ -114,7 +114,7 @@ def test_policy_snapshots_retention_and_recovery_of_a_killed_rank(
 ) -> None:
     out = tmp_path / "out.json"
     job = _run(cli, out, "--snapshot-every", "5s", "--keep", "2", "--recover", "auto",
-               train=("--step-sleep", "0.25"))  # fmt: skip
+               train=("--step-sleep", "0.15"))  # fmt: skip
     st = cli.json("status", job)
     assert st["policy"]["every_s"] == 5.0 and st["policy"]["keep"] == 2
     assert st["recovery"]["mode"] == "auto"
