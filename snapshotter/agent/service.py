@@ -14,7 +14,7 @@ from snapshotter.agent.node import NodeAgent
 from snapshotter.launch.env import RdzvAddress
 from snapshotter.launch.spec import JobSpec
 from snapshotter.rpc import auth, convert, relay
-from snapshotter.rpc.client import FENCE_KEY
+from snapshotter.rpc.wire import FENCE_KEY
 from snapshotter.storage.sealing import Seal
 from snapshotter.v1 import agent_pb2, agent_pb2_grpc, common_pb2
 

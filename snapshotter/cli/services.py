@@ -19,16 +19,18 @@ import re
 import socket
 import sys
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from snapshotter import errors, servicelog
 from snapshotter.agent.allow import ExecPolicy
 from snapshotter.config import Paths, default_home, encrypt_at_rest, store_url
 from snapshotter.rpc.auth import Role, TokenStore
 from snapshotter.rpc.client import Target
-from snapshotter.rpc.server import Listen
 from snapshotter.rpc.tls import COORDINATOR_NAME, init_ca, tls_files
 from snapshotter.storage.format import validate_name
+
+if TYPE_CHECKING:
+    from snapshotter.rpc.server import Listen
 
 _DURATION = re.compile(r"^(\d+(?:\.\d+)?)([smhd]?)$")
 _UNIT = {"": 1, "s": 1, "m": 60, "h": 3600, "d": 86400}
@@ -90,6 +92,9 @@ def _token(path: str | None) -> str | None:
 
 
 def _listen(a: argparse.Namespace, tls_name: str) -> Listen:
+    # Here, not at the top: the server's imports (metrics, asyncio) would cost every CLI call.
+    from snapshotter.rpc.server import Listen
+
     return Listen(
         a.listen,
         tls=tls_files(a.tls_dir, tls_name, a.tls_ca, a.tls_cert, a.tls_key),

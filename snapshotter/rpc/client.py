@@ -21,8 +21,8 @@ import grpc
 
 from snapshotter import __version__
 from snapshotter.rpc import status
-from snapshotter.rpc.server import FENCE_KEY, OPTIONS, PEER_KEY, VERSION_KEY
 from snapshotter.rpc.tls import COORDINATOR_NAME, TlsFiles
+from snapshotter.rpc.wire import FENCE_KEY, OPTIONS, PEER_KEY, VERSION_KEY
 from snapshotter.v1 import agent_pb2_grpc, coordinator_pb2_grpc
 
 # A client channel backs off after failed connects (up to 2 minutes by default): an agent

@@ -49,6 +49,7 @@ from snapshotter import __version__, errors, metrics
 from snapshotter.rpc import auth, control, status
 from snapshotter.rpc.audit import REFUSALS, AuditLog
 from snapshotter.rpc.tls import TlsFiles
+from snapshotter.rpc.wire import FENCE_KEY, OPTIONS, PEER_KEY, VERSION_KEY
 from snapshotter.v1 import agent_pb2
 
 if TYPE_CHECKING:  # relay.py calls through the clients, which import this module
@@ -56,15 +57,6 @@ if TYPE_CHECKING:  # relay.py calls through the clients, which import this modul
 
 log = logging.getLogger(__name__)
 
-VERSION_KEY = "snapshotter-version"
-PEER_KEY = "snapshotter-peer"
-# The coordinator's fencing token, "EPOCH:ID" (agent/fencing.py).
-FENCE_KEY = "snapshotter-fence"
-_MAX_MSG = 64 * 1024 * 1024
-OPTIONS = [
-    ("grpc.max_send_message_length", _MAX_MSG),
-    ("grpc.max_receive_message_length", _MAX_MSG),
-]
 _OPEN_SERVICES = ("/grpc.health.v1.Health/", "/grpc.reflection.")
 _RELAYED = "/Relayed"
 

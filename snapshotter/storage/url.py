@@ -13,11 +13,14 @@ from __future__ import annotations
 
 import urllib.parse
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from snapshotter.errors import InvalidArgument
 from snapshotter.storage.api import ObjectStore
 from snapshotter.storage.local import LocalDirStore
-from snapshotter.storage.s3 import S3Store, S3Tuning
+
+if TYPE_CHECKING:
+    from snapshotter.storage.s3 import S3Tuning
 
 DEFAULT_LOCAL_ROOT = Path("/var/lib/snapshotter/store")
 
@@ -61,6 +64,10 @@ def open_store(
                 f"S3 URL {url!r} has a query or fragment",
                 "configure the endpoint with AWS_ENDPOINT_URL_S3 or --endpoint-url",
             )
+        # Here, not at the top: boto3 costs a CLI call that only lists local checkpoints
+        # a third of a second of CPU.
+        from snapshotter.storage.s3 import S3Store, S3Tuning
+
         return S3Store(
             parsed.netloc,
             urllib.parse.unquote(parsed.path).strip("/"),

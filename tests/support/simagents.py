@@ -39,7 +39,7 @@ from google.protobuf import message_factory
 
 from snapshotter import __version__, errors
 from snapshotter.rpc import relay, status
-from snapshotter.rpc.server import PEER_KEY, VERSION_KEY
+from snapshotter.rpc.wire import PEER_KEY, VERSION_KEY
 from snapshotter.v1 import agent_pb2, agent_pb2_grpc, common_pb2, coordinator_pb2_grpc
 from snapshotter.v1 import coordinator_pb2 as cpb
 
