@@ -20,7 +20,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.cli import ROOT, TORCHRUN, TRAIN, SnapCli
+from tests.support.cli import POLL_S, ROOT, TORCHRUN, TRAIN, SnapCli
 from tests.support.cpulimit import cpu_limit
 from tests.support.disk import shed_bulk
 from tests.support.multinode import (
@@ -247,7 +247,7 @@ def test_policy_snapshots_a_lost_node_replaced_by_a_spare_and_a_drain(
         while not (v := cond()):
             if time.monotonic() > deadline:
                 raise AssertionError(f"no {what} within {timeout:.0f}s\n{deployment.logs()}")
-            time.sleep(0.5)
+            time.sleep(POLL_S)
         return v
 
     try:
@@ -374,7 +374,7 @@ def _wait_events(
         found = _events(deployment, job, kind)
         if len(found) >= n:
             return found
-        time.sleep(0.3)
+        time.sleep(POLL_S)
     raise AssertionError(
         f"no {n} {kind} event(s) for job {job} in {timeout}s: "
         f"{deployment.cli.json('events', job)['events']}\n{deployment.logs()}"

@@ -23,7 +23,7 @@ import pytest
 
 from snapshotter.rpc.client import Target, coordinator_client
 from snapshotter.v1 import coordinator_pb2 as cpb
-from tests.support.cli import ROOT, TRAIN
+from tests.support.cli import POLL_S, ROOT, TRAIN
 from tests.support.disk import shed_bulk
 from tests.support.multinode import (
     Deployment,
@@ -92,7 +92,7 @@ def _wait_state(dep: Deployment, job: str, states: set[str], timeout: float = 12
             return st
         if time.monotonic() > deadline:
             raise AssertionError(f"job {job} is {st['state']}, wanted {states}\n{dep.logs()}")
-        time.sleep(0.5)
+        time.sleep(POLL_S)
 
 
 def _progresses(dep: Deployment, job: str, by: int = 5, timeout: float = 120) -> None:
@@ -258,7 +258,7 @@ def _until_event(dep: Deployment, job: str, kind: str, timeout: float = 180) -> 
         if time.monotonic() > deadline:
             raise AssertionError(f"no {kind} event for {job} within {timeout:.0f}s: {events}\n"
                                  f"{_status(dep, job)}\n{dep.logs()}")  # fmt: skip
-        time.sleep(0.5)
+        time.sleep(POLL_S)
 
 
 def test_agent_killed_during_restore(healthy: Deployment, tmp_path: Path) -> None:

@@ -28,7 +28,7 @@ from typing import Any
 import pytest
 
 from tests.conftest import skip_without_criu
-from tests.support.cli import ROOT, TRAIN, SnapCli, read_result
+from tests.support.cli import POLL_S, ROOT, TRAIN, SnapCli, read_result
 from tests.support.disk import shed_bulk
 from tests.support.soak import rank_process
 
@@ -72,7 +72,7 @@ def _until(what: str, cond: Callable[[], Any], timeout: float = 180) -> Any:
         v = cond()
         if v:
             return v
-        time.sleep(0.3)
+        time.sleep(POLL_S)
     raise AssertionError(f"timed out after {timeout:.0f}s waiting for {what}")
 
 

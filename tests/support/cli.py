@@ -19,6 +19,9 @@ from typing import Any
 
 ROOT = Path(__file__).resolve().parents[2]
 TRAIN = ROOT / "examples" / "train_ddp.py"
+# Between polls that run the CLI: each call is a Python process (about 0.6 s of CPU here), and
+# a loop polling faster took most of a core from the jobs under test.
+POLL_S = 1.0
 TRACE = os.environ.get("SNAPSHOTTER_TEST_TRACE") == "1"
 
 
