@@ -854,14 +854,19 @@ def test_top_names_a_cpu_limited_rank_then_the_rank_a_hang_waits_on(
                                          "rank 3 named slowest")  # fmt: skip
             steps = cli.steps(job, 0)[-1] - t0
             text = cli.run("top", job).stdout
-            got = deployment.metrics("b")
         assert text.splitlines()[0].split()[:3] == ["RANK", "NODE", "STATE"], text
         assert report["slowest_node"] == "b" and report.get("waits_on", -1) == -1, report
-        # Node b's agent exports its ranks' step times and collective latencies.
-        for r in ("2", "3"):
-            labels = f'{{job_id="{job}",rank="{r}"}}'
-            assert got[f"snapshotter_rank_step_seconds{labels}"] > 0, got
-            assert got[f"snapshotter_rank_collective_latency_seconds{labels}"] > 0, got
+        # Node b's agent exports its ranks' step times and collective latencies. A scrape
+        # samples the ranks then: one finds none while another sample holds the job, or
+        # without a rank that did not answer within the sample's second, as Prometheus
+        # allows; so scrape until both ranks are in one (a scraper would, 15 s later).
+        want = [f'{m}{{job_id="{job}",rank="{r}"}}' for r in ("2", "3") for m in
+                ("snapshotter_rank_step_seconds", "snapshotter_rank_collective_latency_seconds")]
+        got, deadline = deployment.metrics("b"), time.monotonic() + 60
+        while not all(k in got for k in want) and time.monotonic() < deadline:
+            time.sleep(POLL_S)
+            got = deployment.metrics("b")
+        assert all(got.get(k, 0) > 0 for k in want), {k: got.get(k) for k in want}
         assert any(f.startswith("slowest rank: 3 on node b") for f in report["findings"])
         print(f"\ntop named the CPU-limited rank after {samples} sample(s), {steps} step(s): "
               f"{report['findings']}")
