@@ -115,7 +115,7 @@ def _start_socket_job(snap: SnapCli, *args: str) -> str:
         -1
     ]
     deadline = time.monotonic() + 60
-    while "step 20 " not in (snap.log_path(job).read_text() if snap.log_path(job).exists() else ""):
+    while "step 20 " not in snap.log(job):
         assert time.monotonic() < deadline, "job did not start"
         time.sleep(0.2)
     return job
@@ -306,24 +306,17 @@ def test_a_freeze_refused_during_set_up_leaves_no_rank_held(
     out = tmp_path / "o.json"
     job = snap.start_job(out, *ARGS, "--startup-s", "20", "--startup-rank", "1")
     deadline = time.monotonic() + 60
-    while "rank 0 joins the process group" not in _log(snap, job, 0):
-        assert time.monotonic() < deadline, _log(snap, job, 0)
+    while "rank 0 joins the process group" not in snap.log(job, 0):
+        assert time.monotonic() < deadline, snap.log(job, 0)
         time.sleep(0.2)
     time.sleep(2)  # connected to the job's store: now in the gloo set-up, waiting for rank 1
     p = snap.run("freeze", job, "--quiesce-timeout", "20", check=False)
     assert p.returncode != 0, p.stdout
     assert "setting up a process group" in p.stderr and "next step:" in p.stderr, p.stderr
     # Rank 1 was still asleep before joining: the refusal came before it joined.
-    assert "rank 1 joins the process group" not in _log(snap, job, 1)
+    assert "rank 1 joins the process group" not in snap.log(job, 1)
     final = snap.wait(job, timeout=240)
-    assert final["state"] == "SUCCEEDED", (final, _log(snap, job, 1)[-2000:])
+    assert final["state"] == "SUCCEEDED", (final, snap.log(job, 1)[-2000:])
     ref = tmp_path / "ref.json"
     assert snap.wait(snap.start_job(ref, *ARGS))["state"] == "SUCCEEDED"
     assert read_result(out) == read_result(ref)
-
-
-def _log(snap: SnapCli, job: str, rank: int) -> str:
-    try:
-        return snap.log_path(job, rank).read_text(errors="replace")
-    except OSError:
-        return ""

@@ -78,12 +78,15 @@ class SnapCli:
     def log_path(self, job: str, rank: int = 0) -> Path:
         return self.home / "jobs" / job / "logs" / f"rank-{rank}.log"
 
-    def last_step(self, job: str, rank: int = 0) -> int:
+    def log(self, job: str, rank: int = 0) -> str:
+        """What the rank has logged so far ("" before its log exists)."""
         try:
-            text = self.log_path(job, rank).read_text(errors="replace")
+            return self.log_path(job, rank).read_text(errors="replace")
         except OSError:
-            return 0
-        steps = re.findall(rf"rank {rank} step (\d+) ", text)
+            return ""
+
+    def last_step(self, job: str, rank: int = 0) -> int:
+        steps = re.findall(rf"rank {rank} step (\d+) ", self.log(job, rank))
         return int(steps[-1]) if steps else 0
 
     def wait_step(self, job: str, step: int, timeout: float = 120) -> int:
@@ -95,11 +98,7 @@ class SnapCli:
             time.sleep(0.2)
         raise AssertionError(
             f"job {job} did not reach step {step} in {timeout}s; log:\n"
-            + (
-                self.log_path(job).read_text(errors="replace")[-3000:]
-                if self.log_path(job).exists()
-                else "(no log)"
-            )
+            + (self.log(job)[-3000:] or "(no log)")
         )
 
     def wait(self, job: str, timeout: float = 300) -> dict[str, Any]:
