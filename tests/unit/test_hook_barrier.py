@@ -141,11 +141,14 @@ def test_reports_how_long_its_oldest_op_has_been_in_flight() -> None:
     b.enter("0")
     b.track(old)
     time.sleep(0.3)
+    before_new = time.monotonic()
     b.enter("0")
     b.track(new)
-    assert 0.3 <= b.oldest_in_flight_s() < 5
+    assert 0.3 <= b.oldest_in_flight_s()
     old.finish()
-    assert b.oldest_in_flight_s() < 0.3
+    # Now the age of `new`: no more than the time since just before it was tracked (a
+    # loaded machine may take any time between these lines, so no fixed bound).
+    assert b.oldest_in_flight_s() <= time.monotonic() - before_new
     new.finish()
     assert b.oldest_in_flight_s() == 0.0
 
