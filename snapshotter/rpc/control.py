@@ -19,6 +19,12 @@ turns false when it passes, as a unary call's would, and the caller stops waitin
 A stream that breaks (agent restarted, connection lost) fails the calls waiting on it with
 the transport's error; the next call opens a new one. An agent of an earlier release (no
 Control: UNIMPLEMENTED) is called with unary calls from then on.
+
+Nothing is written on a stream before the server says it serves it: the server sends
+READY_KEY in its initial metadata once the stream is admitted, and the caller holds its
+messages until then. A message written on a stream the server has already refused made
+grpc end it with INTERNAL instead of UNIMPLEMENTED, now and then (grpc/grpc#36066; seen
+here under load): the caller could not tell an earlier release from a broken stream.
 """
 
 from __future__ import annotations
@@ -46,6 +52,8 @@ from snapshotter.rpc import status
 from snapshotter.v1 import agent_pb2
 
 METHOD = "/Control"
+# In the server's initial metadata: the stream is admitted and served (read before writing).
+READY_KEY = "snapshotter-control"
 Request = agent_pb2.ControlRequest
 Reply = agent_pb2.ControlReply
 # A caller may not start threads without bound on a node: past this many calls in flight on
@@ -176,22 +184,43 @@ class _Stream:
         self.reader: asyncio.Task[None] | None = None
         # One write at a time on a stream (grpc.aio's rule): a call made while another's
         # write is in progress leaves its message to that writer (cheaper than a lock each).
+        # Until the server says it serves the stream (`ready`), every message waits.
         self._writing = False
+        self._ready = False
         self._queued: collections.deque[Any] = collections.deque()
+        self._flusher: asyncio.Task[None] | None = None
 
     async def send(self, req: Any) -> None:
-        if self._writing:
+        if self._writing or not self._ready:
             self._queued.append(req)
             return
         self._writing = True
         try:
             await self.call.write(req)
+            await self._drain()
+        finally:
+            self._writing = False
+
+    def ready(self) -> None:
+        """The server serves the stream: write what waited (on a task of its own, so that
+        the reader goes on reading while the writes wait for flow control)."""
+        self._ready = True
+        if self._queued and not self._writing:
+            self._writing = True
+            self._flusher = asyncio.get_running_loop().create_task(self._flush())
+
+    async def _flush(self) -> None:
+        try:
+            await self._drain()
+        finally:
+            self._writing = False
+
+    async def _drain(self) -> None:
+        try:
             while self._queued:
                 await self.call.write(self._queued.popleft())
         except Exception:  # noqa: BLE001, S110 - the stream broke: its reader fails the calls
-            pass
-        finally:
-            self._writing = False
+            self._queued.clear()
 
 
 class _Deadlines:
@@ -291,6 +320,12 @@ class Caller:
     async def _read(self, s: _Stream, call: Any) -> None:
         failure: BaseException | None = None
         try:
+            served = await call.initial_metadata()
+            if served is not None and any(k == READY_KEY for k, _ in served):
+                s.ready()
+            # Else the server refused the stream: its status ends the loop below at once.
+            # (Every server that serves Control says so: a server of another release than
+            # the caller's refuses every call, server.py's version check.)
             async for rep in call:
                 fut = s.waiting.get(rep.id, (None, ""))[0]
                 if fut is None or fut.done():

@@ -348,6 +348,8 @@ class _Checks(grpc.ServerInterceptor):
             except Exception as e:  # noqa: BLE001 - a refused stream is a status, as a call
                 self._audit(details.method, who, None, e)
                 context.abort_with_status(status.to_status(e))
+            # Admitted: the caller writes its first message once it reads this (control.py).
+            context.send_initial_metadata(((control.READY_KEY, "1"),))
             # In flight: the streams open now (the calls they carry count as their methods).
             with self._counted(details.method):
                 yield from control.serve(requests, context, dispatch)
