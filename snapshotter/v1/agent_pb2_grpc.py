@@ -230,7 +230,8 @@ class AgentServicer:
         """Many unary calls of this service over one long-lived stream (what the coordinator's
         fan-outs use: a message on an open stream costs both ends less than a new call). Each
         message is checked as the call it carries would be: its method's own right, the fence,
-        the request's type (snapshotter/rpc/control.py).
+        the request's type (snapshotter/rpc/control.py). A server that admits the stream sends
+        the initial metadata "snapshotter-control: 1" at once; the caller writes nothing before.
         """
         context.set_code(grpc.StatusCode.UNIMPLEMENTED)
         context.set_details('Method not implemented!')

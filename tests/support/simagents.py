@@ -38,7 +38,7 @@ import grpc
 from google.protobuf import message_factory
 
 from snapshotter import __version__, errors
-from snapshotter.rpc import relay, status
+from snapshotter.rpc import control, relay, status
 from snapshotter.rpc.wire import PEER_KEY, VERSION_KEY
 from snapshotter.v1 import agent_pb2, agent_pb2_grpc, common_pb2, coordinator_pb2_grpc
 from snapshotter.v1 import coordinator_pb2 as cpb
@@ -319,6 +319,7 @@ class SimAgent(agent_pb2_grpc.AgentServicer):
         """The real agent's Control stream (snapshotter/rpc/control.py) over this servicer:
         every carried call runs at once, its reply or its refusal goes back with its id."""
         self._count("control")
+        await ctx.send_initial_metadata(((control.READY_KEY, "1"),))  # the caller then writes
         replies: asyncio.Queue[agent_pb2.ControlReply] = asyncio.Queue()
         running: set[asyncio.Task[None]] = set()
 
