@@ -35,11 +35,11 @@ fi
 # run out), so two of them share this machine's two cores in about half the time of one after
 # the other. The harness keeps them apart: network namespaces and subnets are claimed under a
 # lock, every port is picked free, every daemon has its own home, each run its own basetemp.
-# Run 1: the multi-node modules, then the agent soak and the pipeline freezes (together about
-# 10 minutes; without them run 2 took 73 minutes beside run 1's 50); run 2: everything else
-# (new modules land here).
+# Run 1: the multi-node modules, then the agent soak, the pipeline freezes and the real
+# trainers; run 2: everything else (new modules land here). Balanced by what CI logged: with the
+# trainers (about 6 minutes) in run 2, run 1 took 51 minutes and run 2 66, the last 15 alone.
 FIRST=(tests/e2e/test_multinode.py tests/e2e/test_multinode_faults.py
-       tests/e2e/test_agent_soak.py tests/e2e/test_pipeline.py)
+       tests/e2e/test_agent_soak.py tests/e2e/test_pipeline.py tests/e2e/test_trainers.py)
 IGNORE=()
 for m in "${FIRST[@]}"; do IGNORE+=(--ignore "$m"); done
 LOGS=$(mktemp -d "$TMP_DIR/snapshotter-tests-logs.XXXXXX")
