@@ -185,7 +185,10 @@ def watch_coordinator(agents: Callable[[], dict[str, int]], jobs: Callable[[], d
 
 class _Ranks(Collector):
     """Every running job's ranks on this node, sampled when scraped (agent/progress.py: a
-    query each rank's hook answers from memory; a job a freeze holds is skipped)."""
+    query each rank's hook answers from memory). A rank that did not answer within the
+    sample's deadline (stopped, dead, starved), or whose job a freeze or thaw holds, has no
+    figures in that scrape, only `snapshotter_rank_answered` 0: every rank of every running job
+    is in every scrape, so a rank that stays silent can be alerted on."""
 
     HELP = {
         "snapshotter_rank_step_seconds": "the median of the rank's latest optimizer steps",
@@ -194,6 +197,9 @@ class _Ranks(Collector):
             "group (low on the rank its peers wait for)",
         "snapshotter_rank_collective_in_flight_seconds":
             "how long the rank's oldest collective still in flight has been",
+        "snapshotter_rank_answered":
+            "1 if the rank answered this scrape's sample within its deadline, 0 if not (the rank "
+            "is stopped, dead or starved, or a freeze or thaw holds its job)",
     }
 
     def __init__(self, sample: Callable[[], Iterable[Any]]) -> None:
@@ -206,9 +212,10 @@ class _Ranks(Collector):
                                 labels=["job_id", "peer"])  # fmt: skip
         for p in self.sample():
             for r in p.ranks:
+                labels = [p.job_id, str(r.rank)]
+                fams["snapshotter_rank_answered"].add_metric(labels, 1.0 if r.answered else 0.0)
                 if not r.answered:
                     continue
-                labels = [p.job_id, str(r.rank)]
                 busiest = max(r.timings, key=lambda t: t.done, default=None)
                 fams["snapshotter_rank_step_seconds"].add_metric(labels, r.step_s)
                 fams["snapshotter_rank_collective_in_flight_seconds"].add_metric(

@@ -232,8 +232,8 @@ class NodeAgent:
         return reply
 
     def sample_running(self) -> list[common_pb2.JobProgress]:
-        """Every running job's progress here, for the metrics (a job that ended meanwhile, or
-        that a freeze holds, is left out)."""
+        """Every running job's progress here, for the metrics (a job that ended meanwhile is
+        left out; one a freeze or thaw holds is `busy`, each of its ranks unanswered)."""
         out = []
         running = self.jobs.running_ids()
         conns = established() if running else []  # one `ss` a scrape, not one a job
@@ -242,8 +242,7 @@ class NodeAgent:
                 p = self.progress(job_id, timeout=0.5, peers=True, conns=conns)
             except errors.SnapshotterError:
                 continue
-            if not p.busy:
-                out.append(p)
+            out.append(p)
         return out
 
     def cancel(self, job_id: str) -> NodeJob | None:

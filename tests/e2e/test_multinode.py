@@ -867,6 +867,8 @@ def test_top_names_a_cpu_limited_rank_then_the_rank_a_hang_waits_on(
             time.sleep(POLL_S)
             got = deployment.metrics("b")
         assert all(got.get(k, 0) > 0 for k in want), {k: got.get(k) for k in want}
+        answered = [f'snapshotter_rank_answered{{job_id="{job}",rank="{r}"}}' for r in ("2", "3")]
+        assert all(got.get(k) == 1 for k in answered), {k: got.get(k) for k in answered}
         assert any(f.startswith("slowest rank: 3 on node b") for f in report["findings"])
         print(f"\ntop named the CPU-limited rank after {samples} sample(s), {steps} step(s): "
               f"{report['findings']}")
@@ -877,8 +879,12 @@ def test_top_names_a_cpu_limited_rank_then_the_rank_a_hang_waits_on(
             report, _ = _top_until(deployment, job, lambda r: r.get("waits_on", -1) == 1,
                                    "the hang waiting on rank 1", 120,
                                    "--hang-after", "3")  # fmt: skip
+            # Node a's metrics still list the stopped rank, as not answering.
+            key = f'snapshotter_rank_answered{{job_id="{job}",rank="1"}}'
+            silent = deployment.metrics("a").get(key)
         finally:
             os.kill(pid, signal.SIGCONT)
+        assert silent == 0, silent
         assert report["stalled_s"] >= 3 and report["findings"][0].startswith("hang:"), report
         stopped = [x for x in report["ranks"] if x["rank"] == 1][0]
         assert stopped["proc_state"] == "T" and not stopped.get("answered"), stopped

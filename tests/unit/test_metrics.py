@@ -109,3 +109,29 @@ def test_no_plain_metrics_beyond_loopback() -> None:
     with pytest.raises(errors.InvalidArgument, match="without TLS") as e:
         metrics.serve("10.1.2.3:9465", metrics.AGENT, None, "agent")
     assert "--tls-dir" in e.value.next_step
+
+
+def test_every_rank_is_in_every_scrape_and_a_silent_one_has_no_figures() -> None:
+    from prometheus_client import CollectorRegistry, generate_latest
+
+    timing = common_pb2.CollectiveTiming(group="0", done=40, mean_s=0.02)
+    running = common_pb2.JobProgress(job_id="j1", ranks=[
+        common_pb2.RankProgress(rank=0, answered=True, step_s=0.5, in_flight_s=0.01,
+                                timings=[timing]),
+        common_pb2.RankProgress(rank=1, answered=False, proc_state="T"),  # stopped
+    ])  # fmt: skip
+    busy = common_pb2.JobProgress(job_id="j2", busy=True, ranks=[
+        common_pb2.RankProgress(rank=0, answered=False, proc_state="S")])  # fmt: skip
+    registry = CollectorRegistry()
+    registry.register(metrics._Ranks(lambda: [running, busy]))
+    text = generate_latest(registry).decode()
+    lines = {ln.rsplit(" ", 1)[0]: float(ln.rsplit(" ", 1)[1])
+             for ln in text.splitlines() if ln and not ln.startswith("#")}  # fmt: skip
+    assert lines['snapshotter_rank_answered{job_id="j1",rank="0"}'] == 1.0
+    assert lines['snapshotter_rank_answered{job_id="j1",rank="1"}'] == 0.0
+    assert lines['snapshotter_rank_answered{job_id="j2",rank="0"}'] == 0.0
+    assert lines['snapshotter_rank_step_seconds{job_id="j1",rank="0"}'] == 0.5
+    assert lines['snapshotter_rank_collective_latency_seconds{job_id="j1",rank="0"}'] == 0.02
+    # No figure is made up for a rank that did not answer.
+    assert not [k for k in lines if 'rank="1"' in k and "answered" not in k], lines
+    assert not [k for k in lines if 'job_id="j2"' in k and "answered" not in k], lines
