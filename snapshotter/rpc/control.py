@@ -191,15 +191,10 @@ class _Stream:
         self._flusher: asyncio.Task[None] | None = None
 
     async def send(self, req: Any) -> None:
-        if self._writing or not self._ready:
-            self._queued.append(req)
-            return
-        self._writing = True
-        try:
-            await self.call.write(req)
-            await self._drain()
-        finally:
-            self._writing = False
+        self._queued.append(req)
+        if not self._writing and self._ready:
+            self._writing = True
+            await self._flush()
 
     def ready(self) -> None:
         """The server serves the stream: write what waited (on a task of its own, so that
@@ -210,17 +205,14 @@ class _Stream:
             self._flusher = asyncio.get_running_loop().create_task(self._flush())
 
     async def _flush(self) -> None:
-        try:
-            await self._drain()
-        finally:
-            self._writing = False
-
-    async def _drain(self) -> None:
+        """Write every queued message, in order; the caller set `_writing`."""
         try:
             while self._queued:
                 await self.call.write(self._queued.popleft())
-        except Exception:  # noqa: BLE001, S110 - the stream broke: its reader fails the calls
+        except Exception:  # noqa: BLE001 - the stream broke: its reader fails the calls
             self._queued.clear()
+        finally:
+            self._writing = False
 
 
 class _Deadlines:

@@ -311,7 +311,6 @@ def test_an_agent_without_control_is_called_with_calls_of_their_own(
     server.start()
     clients = [AioClient(Target(f"127.0.0.1:{port}"), agent_pb2_grpc.AgentStub,
                          "coordinator", "agent", AGENT) for _ in range(20)]  # fmt: skip
-
     try:
         # One after another, each the first call on a new channel (as a coordinator's first
         # call to each agent): concurrent ones hid the race when reproduced here.

@@ -6,6 +6,7 @@ from __future__ import annotations
 from collections.abc import Iterator
 
 import pytest
+from prometheus_client import CollectorRegistry, generate_latest
 
 from snapshotter import errors, metrics
 from snapshotter.v1 import agent_pb2, common_pb2, coordinator_pb2
@@ -112,8 +113,6 @@ def test_no_plain_metrics_beyond_loopback() -> None:
 
 
 def test_every_rank_is_in_every_scrape_and_a_silent_one_has_no_figures() -> None:
-    from prometheus_client import CollectorRegistry, generate_latest
-
     timing = common_pb2.CollectiveTiming(group="0", done=40, mean_s=0.02)
     running = common_pb2.JobProgress(job_id="j1", ranks=[
         common_pb2.RankProgress(rank=0, answered=True, step_s=0.5, in_flight_s=0.01,
